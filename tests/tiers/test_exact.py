@@ -1,0 +1,68 @@
+from vlmcache.tiers.exact import ExactTextTier, normalize_prompt
+
+
+def tier(tmp_path, max_entries=100, ns="ns1"):
+    return ExactTextTier(tmp_path / "exact.jsonl", ns, max_entries)
+
+
+def test_normalize_prompt():
+    assert normalize_prompt("  What COLOR\tis\n the  car? ") == "what color is the car?"
+    assert normalize_prompt("ｗｈａｔ") == "what"  # NFKC folds full-width forms
+
+
+def test_lookup_hits_normalized_variant_and_returns_canonical_text(tmp_path):
+    t = tier(tmp_path)
+    assert t.lookup("What color is the car?", ["h1"], None) is None
+    t.record("What color is the car?", ["h1"], None, ["k1", "k2"], 70)
+    rec = t.lookup("what   COLOR is the car?", ["h1"], None)
+    assert rec is not None and rec.canonical_prompt == "What color is the car?"
+    assert rec.chunk_keys == ("k1", "k2") and rec.prompt_tokens == 70
+
+
+def test_images_tenants_and_namespace_separate_entries(tmp_path):
+    t = tier(tmp_path)
+    t.record("q", ["h1"], "tenant-a", ["k"], 10)
+    assert t.lookup("q", ["h2"], "tenant-a") is None  # other image
+    assert t.lookup("q", ["h1"], "tenant-b") is None  # other tenant
+    assert t.lookup("q", ["h1"], None) is None
+    assert t.lookup("q", [], "tenant-a") is None
+    assert tier(tmp_path / "x", ns="ns2").lookup("q", ["h1"], "tenant-a") is None
+
+
+def test_persists_across_instances_and_skips_torn_lines(tmp_path, caplog):
+    t = tier(tmp_path)
+    t.record("first prompt", ["h"], None, ["k1"], 5)
+    t.record("second prompt", ["h"], None, ["k2"], 6)
+    with open(tmp_path / "exact.jsonl", "a") as f:
+        f.write('{"key": "torn')  # a crash mid-append
+    again = tier(tmp_path)
+    assert len(again) == 2
+    assert again.lookup("FIRST prompt", ["h"], None).chunk_keys == ("k1",)
+    assert "unreadable line" in caplog.text
+
+
+def test_bounded_and_compacted(tmp_path):
+    t = tier(tmp_path, max_entries=3)
+    for i in range(200):
+        t.record(f"prompt {i}", [], None, [f"k{i}"], i)
+    assert len(t) == 3
+    assert t.lookup("prompt 0", [], None) is None and t.lookup("prompt 199", [], None)
+    lines = (tmp_path / "exact.jsonl").read_text().splitlines()
+    assert len(lines) <= 2 * 64 + 1  # compacted, not 200 lines
+    assert len(tier(tmp_path, max_entries=3)) == 3
+
+
+def test_rerecording_keeps_first_canonical_text(tmp_path):
+    t = tier(tmp_path)
+    t.record("Is it red?", [], None, ["a"], 3)
+    t.record("is it RED?", [], None, ["b"], 3)
+    assert t.lookup("is it red?", [], None).canonical_prompt == "Is it red?"
+
+
+def test_unwritable_path_keeps_memory_entries(tmp_path, caplog):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    t = ExactTextTier(blocker / "sub" / "exact.jsonl", "ns", 10)
+    t.record("q", [], None, ["k"], 1)
+    assert t.lookup("q", [], None) is not None
+    assert "cannot persist" in caplog.text
