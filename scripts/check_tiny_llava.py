@@ -111,7 +111,18 @@ def run_once(model_dir: Path, show_kv_layout: bool) -> dict:
             result["kv_layout"] = llm.collective_rpc(_kv_layout)[0]
         except Exception as e:  # informational only
             result["kv_layout_error"] = f"{type(e).__name__}: {e}"
+    _shutdown(llm)
     return result
+
+
+def _shutdown(llm) -> None:
+    """Stop the engine-core process now instead of at interpreter exit."""
+    t0 = time.perf_counter()
+    try:
+        llm.llm_engine.engine_core.shutdown(timeout=5)
+    except Exception as e:  # API differs between vLLM versions
+        print(f"(explicit engine shutdown failed: {type(e).__name__}: {e})", flush=True)
+    print(f"engine shut down in {time.perf_counter() - t0:.1f} s", flush=True)
 
 
 def main() -> int:
@@ -176,4 +187,9 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    rc = main()
+    # If interpreter teardown ever hangs (vLLM background threads), say where.
+    import faulthandler
+
+    faulthandler.dump_traceback_later(60, exit=False)
+    sys.exit(rc)

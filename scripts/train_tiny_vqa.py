@@ -235,7 +235,7 @@ def main(argv=None):
             torch.nn.utils.clip_grad_norm_(params, 1.0)
             opt.step()
             step += 1
-            tot_loss += float(loss) * len(chunk)
+            tot_loss += float(loss.detach()) * len(chunk)
             tot_c += int(correct.sum())
             tot_n += len(chunk)
             if a.time_limit and time.time() - t0 > a.time_limit:

@@ -104,6 +104,10 @@ def test_load_errors_are_attributed_and_not_reported_as_loaded():
     p.on_allocated(view(), n)
     p.on_scheduled("r1", list(range(50, 61)), True, n, 330 - n)
     p.on_load_errors({53, 54})
+    # vLLM recomputes from the first failed block: those blocks are saved again,
+    # even though (corrupt) copies still exist in the store
+    step = p.on_scheduled("r1", None, False, 3 * BS, 330 - 3 * BS)
+    assert step.saves[0].block_ids == (53, 54)
     reuse = p.finish("r1")
     assert reuse.load_failed_blocks == 2 and reuse.tokens_loaded == 0
 
@@ -118,3 +122,13 @@ def test_bypass_neither_loads_nor_saves():
 def test_unknown_request_is_ignored():
     p, _ = planner()
     assert p.on_scheduled("nope", [1], True, 0, 10).loads == ()
+
+
+def test_lookup_promises_only_available_chunks():
+    stored = set()
+    readable = set()
+    p = KVPlanner("ns", BS, stored.__contains__, readable.__contains__)
+    keys = p.keys_for(view())
+    stored.update(keys)  # present, but only the first 3 verify
+    readable.update(keys[:3])
+    assert p.lookup(view(), 0) == 3 * BS

@@ -21,6 +21,9 @@ class DictStore:
     def get(self, key):
         return self.data.get(key)
 
+    def delete(self, key):
+        return self.data.pop(key, None) is not None
+
     def put(self, key, tensors):
         self.data[key] = {k: v.clone() for k, v in tensors.items()}
         return True
@@ -70,6 +73,7 @@ def test_missing_chunk_fails_it_and_the_rest_of_the_prefix(caplog):
     name = next(iter(target))
     assert torch.equal(target[name][6], store.data["k1"][name])  # the good prefix loaded
     assert torch.equal(target[name][8], before[name][8])  # never written after a failure
+    assert set(store.data) == {"k1"}  # the unread rest of the failed span is dropped
     assert "gone or unreadable" in caplog.text
 
 

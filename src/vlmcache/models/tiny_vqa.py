@@ -84,14 +84,16 @@ def load_smollm2(gguf_path: str | os.PathLike, dtype=None):
     from transformers import AutoModelForCausalLM
 
     gguf_path = Path(gguf_path)
+    # float32: transformers dequantises to plain nn.Linear weights (asking for bf16 makes
+    # newer transformers keep packed GGUF weights behind slow kernels).
     model = AutoModelForCausalLM.from_pretrained(
-        str(gguf_path.parent), gguf_file=gguf_path.name, dtype=dtype or torch.bfloat16
+        str(gguf_path.parent), gguf_file=gguf_path.name, dtype=torch.float32
     )
     if getattr(model, "hf_quantizer", None) is not None:
         model.hf_quantizer = None
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
-    return model
+    return model.to(dtype or torch.bfloat16)
 
 
 def make_tokenizer(gguf_path: str | os.PathLike, out_dir: str | os.PathLike):

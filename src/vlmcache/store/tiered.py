@@ -63,6 +63,19 @@ class TieredStore:
         self._check(key)
         return self.memory.contains(key) or (self.disk is not None and self.disk.contains(key))
 
+    def ensure_in_memory(self, key: str) -> bool:
+        """Whether ``key`` is readable; a disk chunk is read, verified and put in memory.
+
+        Lets a caller promise a chunk only after its checksum was checked (no tiered stats).
+        """
+        self._check(key)
+        if self.memory.contains(key):
+            return True
+        if self.disk is None:
+            return False
+        tensors = self.disk.get(key)
+        return tensors is not None and self.memory.put(key, tensors)
+
     def get(self, key: str) -> dict[str, torch.Tensor] | None:
         """The chunk from memory, else from disk (then promoted into memory), else ``None``."""
         self._check(key)

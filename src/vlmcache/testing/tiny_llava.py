@@ -38,7 +38,10 @@ Determinism: every tensor is drawn from its own ``torch.Generator`` seeded from
 ``(seed, tensor name)``, and safetensors are written with fixed metadata, so the same
 parameters give byte-identical files in any process. Weight scales follow fan-in
 (``N(0, 1/fan_in)``), so activations and logits are O(1): greedy outputs are far from ties
-and stable across recompute vs. cached-KV paths (default dtype float32 for the same reason).
+and stable across recompute vs. cached-KV paths (and bf16 vs fp32). Weights are saved in
+bfloat16 by default: vLLM-CPU runs a float32 checkpoint in bfloat16 anyway (its "auto" dtype
+downcasts fp32 and warns once per tensor while loading); pass ``dtype="float32"`` to keep
+fp32 weights (then also ``LLM(..., dtype="float32")`` to run fp32).
 
 Only torch, safetensors, tokenizers, transformers and PIL are needed (no network, no
 torchvision: the image processor is ``CLIPImageProcessorPil``).
@@ -168,7 +171,7 @@ def build_tiny_llava(
     vision_intermediate: int = 128,
     vocab_size: int = 384,
     max_position_embeddings: int = 2048,
-    dtype: str = "float32",
+    dtype: str = "bfloat16",
     force: bool = False,
 ) -> Path:
     """Build (or reuse) a tiny random LLaVA in ``out_dir`` and return ``out_dir``.

@@ -85,6 +85,7 @@ class VlmCacheConnector(KVConnectorBase_V1):
                                "request; set it to 'recompute' to recompute instead", policy)
             self._planner = KVPlanner(
                 namespace.digest, vllm_config.cache_config.block_size, self._store.contains,
+                self._store.ensure_in_memory,
                 load_enabled=self._config.enable_kv_load,
                 save_enabled=self._config.enable_kv_save,
                 min_load_tokens=self._config.min_load_tokens)

@@ -1,7 +1,8 @@
 """Scheduler-side KV planning: what to load and what to save, per engine step.
 
 Plain Python, no vLLM import: the connector translates vLLM's objects into the views below.
-:meth:`KVPlanner.lookup` is side-effect free (vLLM may call it many times per request).
+:meth:`KVPlanner.lookup` changes no planner state and nothing stored (vLLM may call it many
+times per request); it may only warm the memory tier while checking that chunks are loadable.
 """
 
 from __future__ import annotations
@@ -69,6 +70,7 @@ class _Tracked:
     keys: list[str]
     block_ids: list[int] = field(default_factory=list)
     saved_blocks: set[int] = field(default_factory=set)
+    resave: set[int] = field(default_factory=set)
     load_start: int = 0
     load_blocks: int = 0
     load_pending: bool = False
@@ -83,17 +85,23 @@ class KVPlanner:
     Args:
         namespace_digest: the deployment's :class:`~vlmcache.keys.Namespace` digest.
         block_size: vLLM's KV block size in tokens.
-        contains: store membership test (must be cheap and side-effect free).
+        contains: store membership test (cheap, side-effect free): decides what to save.
+        available: whether a chunk can be loaded *for sure*; a lookup promises only such
+            chunks, because vLLM cannot recover every failed load (a multimodal request
+            whose image tokens were promised from the store has no encoder output to
+            recompute them with). May warm a cache; must not change what is stored.
         load_enabled / save_enabled: the config's switches.
         min_load_tokens: shorter stored prefixes are not loaded.
     """
 
     def __init__(self, namespace_digest: str, block_size: int,
-                 contains: Callable[[str], bool], *, load_enabled: bool = True,
+                 contains: Callable[[str], bool],
+                 available: Callable[[str], bool] | None = None, *, load_enabled: bool = True,
                  save_enabled: bool = True, min_load_tokens: int = 1) -> None:
         self.namespace_digest = namespace_digest
         self.block_size = block_size
         self._contains = contains
+        self._available = available or contains
         self._load_enabled = load_enabled
         self._save_enabled = save_enabled
         self._min_load_tokens = min_load_tokens
@@ -117,7 +125,7 @@ class KVPlanner:
         if num_computed_tokens % self.block_size:
             return 0
         end = start
-        while end < len(keys) and self._contains(keys[end]):
+        while end < len(keys) and self._available(keys[end]):
             end += 1
         tokens = (end - start) * self.block_size
         return tokens if tokens >= self._min_load_tokens else 0
@@ -177,7 +185,8 @@ class KVPlanner:
                    len(tracked.block_ids))
         todo = [i for i in range(done) if i not in tracked.saved_blocks]
         tracked.saved_blocks.update(todo)
-        todo = [i for i in todo if not self._contains(tracked.keys[i])]
+        # A block whose stored copy failed to load is rewritten even if a (bad) file exists.
+        todo = [i for i in todo if i in tracked.resave or not self._contains(tracked.keys[i])]
         tracked.saved_count += len(todo)
         if not todo:
             return ()
@@ -193,8 +202,10 @@ class KVPlanner:
             hit = len(ids & failed_block_ids)
             if hit:
                 tracked.failed_blocks += hit
-                tracked.saved_blocks.difference_update(
-                    i for i in range(start, start + n) if tracked.block_ids[i] in failed_block_ids)
+                failed = {i for i in range(start, start + n)
+                          if tracked.block_ids[i] in failed_block_ids}
+                tracked.saved_blocks.difference_update(failed)
+                tracked.resave.update(failed)
 
     def finish(self, request_id: str) -> RequestReuse | None:
         """Forget a finished request and say what it reused."""

@@ -24,6 +24,8 @@ class KVChunkStore(Protocol):
 
     def put(self, key: str, tensors: Mapping[str, torch.Tensor]) -> bool: ...
 
+    def delete(self, key: str) -> bool: ...
+
 
 class PagedKV:
     """Block-granular reads and writes on vLLM's per-layer paged KV tensors.
@@ -111,7 +113,8 @@ class KVTransfer:
         """Load every planned block; returns the block ids that could not be loaded.
 
         A block that fails makes the rest of its request's loaded prefix useless, so those
-        are reported too; vLLM then recomputes them.
+        are reported too; vLLM then recomputes them. Their stored copies are dropped (unread
+        ones may be bad too) so the recomputed blocks replace them.
         """
         failed: set[int] = set()
         good_ids: list[int] = []
@@ -121,6 +124,8 @@ class KVTransfer:
                 chunk = self._fetch(key, transfer.request_id)
                 if chunk is None:
                     failed.update(transfer.block_ids[i:])
+                    for stale in transfer.keys[i:]:
+                        self.store.delete(stale)
                     break
                 good_ids.append(block_id)
                 good_chunks.append(chunk)
