@@ -205,6 +205,8 @@ def ta_is_patched(text: str) -> bool:
 
 
 def ta_patch(text: str) -> tuple[str, str]:
+    if ta_is_patched(text):
+        return text, "nothing to do"
     hits = _TA_UNGUARDED.findall(text)
     if len(hits) != 1:
         raise ShapeError('expected exactly one `_IS_TORCHAUDIO_EXT_AVAILABLE = _load_lib("_torchaudio")` '
@@ -232,6 +234,8 @@ def tc_is_patched(text: str) -> bool:
 
 
 def tc_patch(text: str) -> tuple[str, str]:
+    if tc_is_patched(text):
+        return text, "nothing to do"
     hits = _TC_UNGUARDED.findall(text)
     if len(hits) != 1:
         raise ShapeError(f"expected exactly one module-level `load_image_library()` line, found {len(hits)}")

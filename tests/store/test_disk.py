@@ -15,7 +15,7 @@ import pytest
 import torch
 from safetensors import safe_open
 
-import vlmcache.store.disk as disk_mod
+import vlmcache.store.chunkfile as chunkfile_mod
 from vlmcache.store import ChunkStore, DiskStore, chunk_checksum
 
 A, B, C, D = "aa01", "bb02", "cc03", "dd04"
@@ -283,7 +283,7 @@ def test_disk_full_leaves_no_partial_file(
         f.write(data[: len(data) // 2])
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(disk_mod, "_write_bytes", full)
+    monkeypatch.setattr(chunkfile_mod, "_write_bytes", full)
     with caplog.at_level(logging.WARNING, logger="vlmcache.store.disk"):
         assert not store.put(B, chunk(2))
         assert not store.put(A, chunk(3))  # a failed rewrite keeps the old chunk

@@ -301,6 +301,7 @@ def build_tiny_vqa(out_dir: str | os.PathLike, weights_dir: str | os.PathLike | 
         lm = load_smollm2(gguf, dtype=torch.bfloat16)
         cfg = llava_config(lm.config)
         cfg.dtype = "bfloat16"
+        cfg.text_config.dtype = "bfloat16"
         tensors = {}
         for name, t in lm.state_dict().items():
             if name == "lm_head.weight":
@@ -308,6 +309,10 @@ def build_tiny_vqa(out_dir: str | os.PathLike, weights_dir: str | os.PathLike | 
             tensors["language_model." + name] = t.to(torch.bfloat16).contiguous()
         vis = load_file(str(vis_path))
         for name, t in vis.items():
+            # transformers 5 saves CLIPVisionModel without the "vision_model." level that
+            # vLLM's loader expects
+            if name.startswith("vision_tower.") and not name.startswith("vision_tower.vision_model."):
+                name = "vision_tower.vision_model." + name[len("vision_tower."):]
             assert name.startswith(("vision_tower.vision_model.", "multi_modal_projector.")), name
             tensors[name] = t.to(torch.bfloat16).contiguous()
         del lm
@@ -321,6 +326,9 @@ def build_tiny_vqa(out_dir: str | os.PathLike, weights_dir: str | os.PathLike | 
         _write_processor_files(tmp)
         (tmp / "chat_template.json").write_text(json.dumps({"chat_template": CHAT_TEMPLATE}, indent=2) + "\n")
         (tmp / "tiny_vqa_build.json").write_text(json.dumps(stamp, indent=2, sort_keys=True))
+        os.chmod(tmp, 0o755)
+        for f in tmp.iterdir():
+            os.chmod(f, 0o644)
         if out.exists():
             shutil.rmtree(out)
         os.replace(tmp, out)

@@ -9,20 +9,13 @@ crash can neither lose nor invent chunks. Several stores (threads or processes) 
 
 from __future__ import annotations
 
-import contextlib
-import hashlib
 import json
 import logging
-import math
 import os
-import re
-import secrets
 import threading
 import time
 from collections import OrderedDict
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO
 
 import safetensors.torch
 import torch
@@ -32,209 +25,27 @@ from vlmcache.store.memory import notify_evicted, snapshot_tensors
 
 logger = logging.getLogger(__name__)
 
-FORMAT_VERSION = "1"
-MANIFEST_FORMAT = 1
-SUFFIX = ".safetensors"
-_KEY_RE = re.compile(r"[0-9a-f]{2,128}")
-_SHA_RE = re.compile(r"[0-9a-f]{64}")
-_TMP_RE = re.compile(r"\.(?P<stem>[0-9a-z]+)\.(?P<pid>\d+)\.[0-9a-f]+\.tmp")
-_MAX_HEADER = 100 * 1024 * 1024
-_TMP_GRACE_S = 600.0
-
-
-class _ChunkFault(Exception):
-    """A chunk file that exists but cannot be trusted (truncated, corrupt, wrong key...)."""
-
-
-@dataclass(eq=False)
-class _Entry:
-    nbytes: int
-    sha256: str
-    last_used: float
-
-
-def check_key(key: object) -> str:
-    """Return ``key`` if it is 2..128 lowercase hex characters, else raise ``ValueError``."""
-    if not isinstance(key, str):
-        raise ValueError(f"chunk key must be a str, got {type(key).__name__}")
-    if not 2 <= len(key) <= 128:
-        raise ValueError(f"chunk key {key[:140]!r} has length {len(key)}, not 2..128 hex digits")
-    if not _KEY_RE.fullmatch(key):
-        raise ValueError(f"chunk key {key!r} is not lowercase hex [0-9a-f]")
-    return key
-
-
-def chunk_checksum(tensors: Tensors) -> str:
-    """sha256 over the tensors in sorted-name order: each name, dtype and shape, then raw bytes."""
-    digest = hashlib.sha256()
-    for name in sorted(tensors):
-        tensor = tensors[name]
-        desc = json.dumps([name, str(tensor.dtype).removeprefix("torch."), list(tensor.shape)])
-        raw = tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy()
-        for part in (desc.encode(), raw):
-            digest.update(len(part).to_bytes(8, "little"))
-            digest.update(part)
-    return digest.hexdigest()
-
-
-def _parse_header(data: bytes) -> dict[str, Any]:
-    """The safetensors JSON header of a file's bytes (or of its first bytes)."""
-    if len(data) < 8:
-        raise _ChunkFault("truncated: no header length")
-    size = int.from_bytes(data[:8], "little")
-    if size > _MAX_HEADER or size > len(data) - 8:
-        raise _ChunkFault(f"truncated or oversized header ({size} B declared)")
-    try:
-        header = json.loads(data[8 : 8 + size])
-    except ValueError as exc:
-        raise _ChunkFault(f"unparseable header: {exc}") from exc
-    if not isinstance(header, dict):
-        raise _ChunkFault("header is not a JSON object")
-    return header
-
-
-def _header_checksum(header: dict[str, Any], key: str) -> str:
-    """The sha256 the header's vlmcache metadata declares, after checking format and key."""
-    meta = header.get("__metadata__")
-    if not isinstance(meta, dict):
-        raise _ChunkFault("no vlmcache metadata in header")
-    if meta.get("vlmcache_format") != FORMAT_VERSION:
-        raise _ChunkFault(f"unknown vlmcache_format {meta.get('vlmcache_format')!r}")
-    if meta.get("key") != key:
-        raise _ChunkFault(f"header key {meta.get('key')!r} does not match")
-    sha = meta.get("sha256")
-    if not isinstance(sha, str) or not _SHA_RE.fullmatch(sha):
-        raise _ChunkFault("header has no valid sha256")
-    return sha
-
-
-def _payload_bytes(header: dict[str, Any]) -> int:
-    """Payload bytes the header declares (what :func:`tensors_nbytes` of the chunk returns)."""
-    total = 0
-    for name, info in header.items():
-        if name == "__metadata__":
-            continue
-        offsets = info.get("data_offsets") if isinstance(info, dict) else None
-        valid = isinstance(offsets, list) and len(offsets) == 2
-        if not (valid and all(isinstance(o, int) for o in offsets) and offsets[0] <= offsets[1]):
-            raise _ChunkFault(f"bad data_offsets for tensor {name!r}")
-        total += offsets[1] - offsets[0]
-    return total
-
-
-def _read_chunk(key: str, path: Path) -> tuple[dict[str, torch.Tensor], str, int]:
-    """Read and fully verify one chunk file: (tensors, sha256, payload bytes)."""
-    with open(path, "rb") as f:
-        data = f.read()
-    sha = _header_checksum(_parse_header(data), key)
-    try:
-        tensors = safetensors.torch.load(data)
-    except Exception as exc:  # safetensors raises its own error types for malformed files
-        raise _ChunkFault(f"unparseable tensors: {exc}") from exc
-    if chunk_checksum(tensors) != sha:
-        raise _ChunkFault("checksum mismatch")
-    return tensors, sha, tensors_nbytes(tensors)
-
-
-def _read_header_file(path: Path) -> dict[str, Any]:
-    """Parse only the header of a chunk file (cheap: no payload read)."""
-    with open(path, "rb") as f:
-        prefix = f.read(8)
-        size = int.from_bytes(prefix, "little") if len(prefix) == 8 else 0
-        body = f.read(size) if size <= _MAX_HEADER else b""
-    return _parse_header(prefix + body)
-
-
-def _write_bytes(f: BinaryIO, data: bytes) -> None:
-    """Write ``data`` to ``f`` (a seam for tests simulating a full disk)."""
-    f.write(data)
-
-
-def _write_file(path: Path, data: bytes) -> None:
-    """Create ``path`` exclusively, write ``data`` and fsync it."""
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0)
-    with open(os.open(path, flags, 0o644), "wb") as f:
-        _write_bytes(f, data)
-        f.flush()
-        os.fsync(f.fileno())
-
-
-def _tmp_path(directory: Path, stem: str) -> Path:
-    return directory / f".{stem}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
-
-
-def _fsync_dir(path: Path) -> None:
-    """Best-effort fsync of a directory so a rename survives a power loss."""
-    with contextlib.suppress(OSError):  # e.g. Windows cannot open directories
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-
-
-def _unlink_quiet(path: Path) -> bool:
-    """Remove ``path``; ``True`` if it was removed. Errors other than absence are logged."""
-    try:
-        os.unlink(path)
-        return True
-    except FileNotFoundError:
-        return False
-    except OSError as exc:
-        logger.warning("could not remove %s: %s", path, exc)
-        return False
-
-
-def _pid_gone(pid: int) -> bool:
-    """Whether no process ``pid`` runs on this host (``False`` when unsure)."""
-    if pid <= 0:
-        return True
-    if os.name == "nt" or pid == os.getpid():  # os.kill would terminate on Windows
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    except OSError:
-        return False
-    return False
-
-
-def _is_stale_tmp(item: os.DirEntry[str]) -> bool:
-    """A temp file whose writer (the pid in its name) is gone, or that is older than the grace."""
-    match = _TMP_RE.fullmatch(item.name)
-    if match is None:
-        return False
-    if _pid_gone(int(match["pid"])):
-        return True
-    try:
-        return time.time() - item.stat().st_mtime > _TMP_GRACE_S
-    except OSError:
-        return False
-
-
-def _scandir(path: Path) -> list[os.DirEntry[str]]:
-    try:
-        with os.scandir(path) as it:
-            return list(it)
-    except OSError:
-        return []
-
-
-def _entry_from_json(key: str, item: object) -> _Entry | None:
-    """A manifest entry, or ``None`` if it is malformed."""
-    if not isinstance(item, dict) or not isinstance(key, str) or not _KEY_RE.fullmatch(key):
-        return None
-    nbytes, sha, last_used = item.get("bytes"), item.get("sha256"), item.get("last_used")
-    if not isinstance(nbytes, int) or isinstance(nbytes, bool) or nbytes < 0:
-        return None
-    if not isinstance(sha, str) or not _SHA_RE.fullmatch(sha):
-        return None
-    if not isinstance(last_used, (int, float)) or isinstance(last_used, bool):
-        return None
-    if not math.isfinite(last_used):
-        return None
-    return _Entry(nbytes, sha, float(last_used))
+from vlmcache.store.chunkfile import (
+    FORMAT_VERSION,
+    MANIFEST_FORMAT,
+    SUFFIX,
+    _KEY_RE,
+    _ChunkFault,
+    _Entry,
+    check_key,
+    chunk_checksum,
+    _header_checksum,
+    _payload_bytes,
+    _read_chunk,
+    _read_header_file,
+    _write_file,
+    _tmp_path,
+    _fsync_dir,
+    _unlink_quiet,
+    _is_stale_tmp,
+    _scandir,
+    _entry_from_json,
+)
 
 
 class DiskStore:

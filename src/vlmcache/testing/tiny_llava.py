@@ -29,22 +29,29 @@ Prompt format (no system preamble)::
 Token accounting: the tokenizer prepends ``<s>``; each ``<image>`` expands to
 ``(image_size // patch_size) ** 2`` placeholder tokens (CLIP's CLS output is dropped:
 ``vision_feature_select_strategy="default"``), i.e. **256 tokens for 224 px / 14 px
-patches**. The BPE vocabulary is deliberately small (384 by default), so English text
-costs roughly 2-3 tokens per word; a ~30-word question gives a prompt of well over 320
-tokens (``EXAMPLE_QUESTIONS[0]``: 1 + 3 + 256 + ... see ``scripts/check_tiny_llava.py``,
-which prints the count vLLM reports).
+patches**. The prompt starts ``<s> USER : Ġ <image>x256 Ċ ...``, so the image occupies
+positions 4..259. The BPE vocabulary is deliberately small (384 by default: 256 byte
+tokens, 5 specials, ~120 merges), so English text costs ~3 tokens per word and a ~30-word
+question gives well over 320 prompt tokens. vLLM-CPU 0.32 reports
+``len(prompt_token_ids)`` = **365** for ``EXAMPLE_QUESTIONS[0]`` (31 words) and **351** for
+``EXAMPLE_QUESTIONS[1]`` (30 words), one image each (``scripts/check_tiny_llava.py``).
 
 Determinism: every tensor is drawn from its own ``torch.Generator`` seeded from
 ``(seed, tensor name)``, and safetensors are written with fixed metadata, so the same
 parameters give byte-identical files in any process. Weight scales follow fan-in
-(``N(0, 1/fan_in)``), so activations and logits are O(1): greedy outputs are far from ties
-and stable across recompute vs. cached-KV paths (and bf16 vs fp32). Weights are saved in
+(``N(0, 1/fan_in)``), so activations and logits are O(1) and greedy outputs are far from
+ties (observed: the same 8 greedy tokens from transformers in fp32, from vLLM-CPU in bf16,
+and from vLLM after a prefix-cache hit). Weights are saved in
 bfloat16 by default: vLLM-CPU runs a float32 checkpoint in bfloat16 anyway (its "auto" dtype
 downcasts fp32 and warns once per tensor while loading); pass ``dtype="float32"`` to keep
 fp32 weights (then also ``LLM(..., dtype="float32")`` to run fp32).
 
-Only torch, safetensors, tokenizers, transformers and PIL are needed (no network, no
-torchvision: the image processor is ``CLIPImageProcessorPil``).
+Only torch, safetensors, tokenizers, transformers (5.x), numpy and PIL are needed, and no
+network. The image processor is built as ``CLIPImageProcessorPil``; its saved config says
+``"image_processor_type": "CLIPImageProcessor"``, and loaders pick the torchvision backend
+when torchvision imports, the PIL one otherwise. On the vLLM-CPU machines, run
+``scripts/fix_torchvision.py`` first: transformers' processing code imports torchaudio, and
+the CUDA torchaudio wheel there fails to import until patched.
 """
 
 from __future__ import annotations
@@ -65,7 +72,9 @@ __all__ = [
     "TINY_LLAVA_PROMPT",
     "build_tiny_llava",
     "image_token_count",
+    "is_complete_build",
     "make_test_image",
+    "read_build_info",
 ]
 
 TINY_LLAVA_PROMPT = "USER: <image>\n{question} ASSISTANT:"

@@ -1,0 +1,55 @@
+import json
+
+import torch
+
+from vlmcache.cli import main
+from vlmcache.store.disk import DiskStore
+
+KEY = "ab" * 32
+
+
+def _store(tmp_path):
+    disk = DiskStore(tmp_path / "kv", 1 << 20)
+    disk.put(KEY, {"l0": torch.ones(4, 4)})
+    disk.put("cd" * 32, {"l0": torch.zeros(4, 4)})
+    disk.close()
+    return disk
+
+
+def test_stats_json(tmp_path, capsys):
+    _store(tmp_path)
+    assert main(["stats", "--store", str(tmp_path), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["kv_chunks"] == 2 and out["kv_bytes"] == 2 * 64
+
+
+def test_verify_finds_and_removes_corrupt_chunk(tmp_path, capsys):
+    disk = _store(tmp_path)
+    path = disk.path_for(KEY)
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 0xFF
+    path.write_bytes(bytes(data))
+    assert main(["verify", "--store", str(tmp_path)]) == 1
+    assert "1 good, 1 corrupt" in capsys.readouterr().out
+    assert not path.exists()
+    assert main(["verify", "--store", str(tmp_path)]) == 0
+
+
+def test_missing_store_is_a_clear_error(tmp_path, capsys):
+    assert main(["stats", "--store", str(tmp_path / "nope")]) == 2
+    assert "no vlmcache store" in capsys.readouterr().err
+
+
+def test_clear_needs_yes(tmp_path, capsys):
+    _store(tmp_path)
+    assert main(["clear", "--store", str(tmp_path)]) == 2
+    assert (tmp_path / "kv").exists()
+    assert main(["clear", "--store", str(tmp_path), "--yes"]) == 0
+    assert not (tmp_path / "kv").exists()
+
+
+def test_config_validates_file(tmp_path, capsys):
+    bad = tmp_path / "c.yaml"
+    bad.write_text("disk_write: eventually\n")
+    assert main(["config", "--file", str(bad)]) == 2
+    assert "disk_write: must be one of ['async', 'sync']" in capsys.readouterr().err
