@@ -31,6 +31,7 @@ def main(argv=None):
     p.add_argument("--per-template", type=int, default=100, help="paraphrase set size per template")
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "tiny-vqa-eval.json"))
     p.add_argument("--batch", type=int, default=512)
+    p.add_argument("--dtype", default="float32", help="float32: fast on CPUs without AVX-512 BF16 (bf16 weights, upcast exactly)")
     a = p.parse_args(argv)
 
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
@@ -53,7 +54,8 @@ def main(argv=None):
 
     t0 = time.time()
     llm = LLM(model=str(model_dir), gpu_memory_utilization=0.3, max_model_len=256, block_size=32,
-              enforce_eager=True, limit_mm_per_prompt={"image": 1}, seed=0)
+              enforce_eager=True, limit_mm_per_prompt={"image": 1}, seed=0,
+              dtype=a.dtype)
     t_load = time.time() - t0
     sp = SamplingParams(temperature=0.0, max_tokens=4, stop=["<|im_end|>"])
 

@@ -107,6 +107,21 @@ def block_keys(
     return keys
 
 
+def image_uuid(deployment_salt: str, tenant: str | None, content_hash: str) -> str:
+    """The identity vLLM gets for an image (``multi_modal_uuids``).
+
+    Content-derived and tenant-scoped: vLLM's encoder and processor caches and vlmcache's
+    encoder tier key images by it, so one tenant's image never serves another tenant.
+    """
+    scope = f"{deployment_salt}\0{'' if tenant is None else 't:' + tenant}"
+    return "vlmc-" + hashlib.sha256(f"{scope}\0{content_hash}".encode()).hexdigest()
+
+
+def encoder_output_key(namespace_digest: str, identifier: str) -> str:
+    """Store key of one image's encoder output under a namespace."""
+    return hashlib.sha256(f"encoder\0{namespace_digest}\0{identifier}".encode()).hexdigest()
+
+
 def image_content_hash(image: object) -> str:
     """SHA-256 of a PIL image's mode, size and pixels (format and metadata do not count)."""
     from PIL import Image

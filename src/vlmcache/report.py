@@ -43,6 +43,36 @@ class KVReuse:
 
 
 @dataclass(frozen=True)
+class EncoderReuse:
+    """What the encoder-output tier did for one request (vLLM's ``ec_transfer_params``)."""
+
+    items: int
+    loaded: int
+    computed: int
+
+    @property
+    def status(self) -> TierStatus:
+        """``hit`` if any image's encoder output came from the store; ``miss`` if the
+        encoder ran; ``skip`` when no image needed encoding (no images, or the KV of the
+        image tokens was reused)."""
+        if self.loaded:
+            return "hit"
+        return "miss" if self.computed else "skip"
+
+    @classmethod
+    def from_params(cls, params: Mapping[str, object] | None) -> "EncoderReuse | None":
+        ours = params.get("vlmcache") if isinstance(params, Mapping) else None
+        if not isinstance(ours, Mapping):
+            return None
+
+        def num(name: str) -> int:
+            value = ours.get(name, 0)
+            return int(value) if isinstance(value, (int, float)) else 0
+
+        return cls(num("encoder_items"), num("encoder_loaded"), num("encoder_computed"))
+
+
+@dataclass(frozen=True)
 class ReuseReport:
     """Per-request audit of cache reuse.
 
@@ -58,6 +88,8 @@ class ReuseReport:
         tokens_computed: prompt tokens computed by the model.
         blocks_saved: KV blocks this request added to the store.
         load_failed_blocks: blocks that failed to load (corrupt/evicted) and were recomputed.
+        images_encoded: images that went through the vision encoder.
+        images_loaded: images whose encoder output came from the store (L1.5).
         latency_s: request latency (engine queue to last token).
         ttft_s: time to first token, where vLLM reports it.
     """
@@ -74,6 +106,8 @@ class ReuseReport:
     blocks_saved: int
     load_failed_blocks: int
     latency_s: float
+    images_encoded: int = 0
+    images_loaded: int = 0
     ttft_s: float | None = None
     chunk_keys: tuple[str, ...] = field(default=(), repr=False)
 
@@ -100,4 +134,5 @@ class ReuseReport:
                 "tokens_from_prefix_cache": self.tokens_from_prefix_cache,
                 "tokens_computed": self.tokens_computed, "blocks_saved": self.blocks_saved,
                 "load_failed_blocks": self.load_failed_blocks,
+                "images_encoded": self.images_encoded, "images_loaded": self.images_loaded,
                 "latency_s": self.latency_s, "ttft_s": self.ttft_s}

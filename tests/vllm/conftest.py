@@ -19,8 +19,13 @@ from vlmcache.testing.engine_job import BLOCK_SIZE, engine_args
 from vlmcache.testing.tiny_llava import build_tiny_llava
 
 #: Seeds the first process answers (and stores); the baseline also answers the unseen ones.
-STORED_SEEDS = (0, 1, 2, 3)
+STORED_SEEDS = (0, 1, 2, 3, 4)
 UNSEEN_SEEDS = (10,)
+#: Seeds the baseline also answers with the alternative question (encoder-tier tests).
+ALT_SEEDS = (4,)
+
+# Lets tests install a counting hook in the engine's worker via collective_rpc (test-only).
+os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
 
 
 @pytest.fixture(scope="session")
@@ -33,15 +38,17 @@ def store_dir(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("store")
 
 
-def _job(mode: str, model: Path, store: Path, seeds, out: Path) -> dict[int, dict]:
+def _job(mode: str, model: Path, store: Path, seeds, out: Path, alt_seeds=()) -> dict:
+    """Results keyed by seed, and by ``("alt", seed)`` for the alternative question."""
     cmd = [sys.executable, "-m", "vlmcache.testing.engine_job", "--mode", mode,
            "--model", str(model), "--store", str(store), "--out", str(out),
-           "--seeds", *map(str, seeds)]
+           "--seeds", *map(str, seeds), "--alt-seeds", *map(str, alt_seeds)]
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"}
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env)
     if proc.returncode != 0:
         raise RuntimeError(f"{mode} engine job failed:\n{proc.stderr[-6000:]}")
-    return {r["seed"]: r for r in json.loads(out.read_text())}
+    return {(("alt", r["seed"]) if r["alt"] else r["seed"]): r
+            for r in json.loads(out.read_text())}
 
 
 @pytest.fixture(scope="session")
@@ -49,7 +56,7 @@ def baseline(tiny_model, tmp_path_factory) -> dict[int, dict]:
     """Token ids of a plain vLLM engine (vlmcache off) for every test seed."""
     tmp = tmp_path_factory.mktemp("baseline")
     return _job("off", tiny_model, tmp / "unused-store", STORED_SEEDS + UNSEEN_SEEDS,
-                tmp / "out.json")
+                tmp / "out.json", ALT_SEEDS)
 
 
 @pytest.fixture(scope="session")

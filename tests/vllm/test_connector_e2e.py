@@ -44,7 +44,7 @@ def test_exact_tier_canonicalizes_case_and_spacing(cached_llm, baseline):
 
 def test_same_text_other_image_does_not_hit(cached_llm, baseline):
     out = cached_llm.generate([make_request(10)], greedy())[0]
-    assert out.report.statuses == {"exact_text": "miss", "kv_cache": "miss"}
+    assert out.report.statuses == {"exact_text": "miss", "fusion": "miss", "kv_cache": "miss"}
     assert out.report.tokens_loaded == 0
     assert out.token_ids == baseline[10]["token_ids"]
 

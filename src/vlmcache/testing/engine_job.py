@@ -20,6 +20,8 @@ from vlmcache.testing.tiny_llava import TINY_LLAVA_PROMPT, make_test_image
 #: A question long enough that one 256-token image plus text exceeds 320 prompt tokens.
 QUESTION = ("Please describe in detail every colored shape that you can see in this picture "
             "and say where each of them is placed.")
+#: A different question about the same images (shares the image blocks, not the text).
+ALT_QUESTION = "Which colours appear in this image, and how many separate shapes are drawn on it?"
 BLOCK_SIZE = 32
 MAX_TOKENS = 8
 
@@ -45,8 +47,10 @@ def greedy(max_tokens: int = MAX_TOKENS) -> Any:
     return SamplingParams(max_tokens=max_tokens, temperature=0.0)
 
 
-def run(mode: str, model: str, store: str, seeds: Sequence[int]) -> list[dict[str, Any]]:
-    """Answer each seed's request in one engine; ``mode`` is ``cache`` or ``off``."""
+def run(mode: str, model: str, store: str, seeds: Sequence[int],
+        alt_seeds: Sequence[int] = ()) -> list[dict[str, Any]]:
+    """Answer each seed's request (``alt_seeds``: with :data:`ALT_QUESTION`) in one engine;
+    ``mode`` is ``cache`` or ``off``."""
     from vlmcache.api import CachedLLM
     from vlmcache.config import VlmCacheConfig
 
@@ -54,10 +58,11 @@ def run(mode: str, model: str, store: str, seeds: Sequence[int]) -> list[dict[st
     llm = CachedLLM(model, config, enabled=mode == "cache", engine_args=engine_args())
     results = []
     try:
-        for seed in seeds:
-            out = llm.generate([make_request(seed)], greedy())[0]
-            results.append({"seed": seed, "token_ids": out.token_ids,
-                            "report": out.report.to_dict()})
+        jobs = [(seed, QUESTION) for seed in seeds] + [(s, ALT_QUESTION) for s in alt_seeds]
+        for seed, question in jobs:
+            out = llm.generate([make_request(seed, question)], greedy())[0]
+            results.append({"seed": seed, "alt": question == ALT_QUESTION,
+                            "token_ids": out.token_ids, "report": out.report.to_dict()})
     finally:
         llm.close()
     return results
@@ -69,9 +74,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--model", required=True)
     parser.add_argument("--store", required=True)
     parser.add_argument("--seeds", type=int, nargs="+", required=True)
+    parser.add_argument("--alt-seeds", type=int, nargs="*", default=[])
     parser.add_argument("--out", required=True)
     args = parser.parse_args(argv)
-    results = run(args.mode, args.model, args.store, args.seeds)
+    results = run(args.mode, args.model, args.store, args.seeds, args.alt_seeds)
     Path(args.out).write_text(json.dumps(results))
 
 

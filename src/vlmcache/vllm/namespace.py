@@ -47,14 +47,18 @@ def namespace_for_model(model: str, config: VlmCacheConfig, *, revision: str | N
                      kv_layout=kv_layout, tenant_salt=config.tenant_salt)
 
 
-def namespace_for_engine(vllm_config: Any, config: VlmCacheConfig) -> Namespace:
-    """Namespace of the engine ``vllm_config`` describes."""
+def namespace_for_engine(vllm_config: Any, config: VlmCacheConfig, *,
+                         encoder: bool = False) -> Namespace:
+    """Namespace of the engine ``vllm_config`` describes (its KV or its encoder outputs)."""
     model_config = vllm_config.model_config
     cache_config = vllm_config.cache_config
     parallel = vllm_config.parallel_config
-    layout = (f"block={cache_config.block_size};kv_dtype={cache_config.cache_dtype};"
-              f"dtype={model_config.dtype};tp={parallel.tensor_parallel_size};"
-              f"pp={parallel.pipeline_parallel_size}")
+    if encoder:
+        layout = f"encoder;dtype={model_config.dtype};tp={parallel.tensor_parallel_size}"
+    else:
+        layout = (f"block={cache_config.block_size};kv_dtype={cache_config.cache_dtype};"
+                  f"dtype={model_config.dtype};tp={parallel.tensor_parallel_size};"
+                  f"pp={parallel.pipeline_parallel_size}")
     load_format = str(getattr(vllm_config.load_config, "load_format", ""))
     return namespace_for_model(model_config.model, config,
                                revision=getattr(model_config, "revision", None),

@@ -1,0 +1,107 @@
+"""vLLM encoder-cache connector: persists vision-encoder outputs (L1.5) across processes.
+
+Enable it beside the KV connector::
+
+    vllm serve MODEL --ec-transfer-config '{"ec_connector": "VlmCacheECConnector",
+      "ec_connector_module_path": "vlmcache.vllm.ec_connector", "ec_role": "ec_both",
+      "ec_buffer_device": "cuda", "ec_connector_extra_config": {"store_path": "..."}}'
+
+Translation only; the logic is in :mod:`vlmcache.vllm.encoder_plan`.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from vllm.distributed.ec_transfer.ec_connector.base import (
+    ECConnectorBase,
+    ECConnectorMetadata,
+    ECConnectorRole,
+)
+
+from vlmcache.config import VlmCacheConfig
+from vlmcache.store.disk import DiskStore
+from vlmcache.store.memory import MemoryStore
+from vlmcache.store.tiered import TieredStore
+from vlmcache.vllm.encoder_plan import EncoderLoad, EncoderPlanner, EncoderTransfer
+from vlmcache.vllm.namespace import namespace_for_engine
+
+if TYPE_CHECKING:
+    from vllm.v1.request import Request
+
+logger = logging.getLogger(__name__)
+
+PARAMS_KEY = "vlmcache"
+_stores: dict[str, TieredStore] = {}
+
+
+def shared_encoder_store(config: VlmCacheConfig) -> TieredStore:
+    """The process-wide encoder-output store of ``config.store_dir``."""
+    root = str((config.store_dir / "encoder").resolve())
+    store = _stores.get(root)
+    if store is None:
+        memory = MemoryStore(config.encoder_memory_budget, name="encoder-memory")
+        disk = DiskStore(config.store_dir / "encoder", config.encoder_disk_budget,
+                         name="encoder-disk")
+        behind = 256 * 1024**2 if config.disk_write == "async" else 0
+        store = _stores.setdefault(root, TieredStore(memory, disk, name="encoder",
+                                                     write_behind_bytes=behind))
+    return store
+
+
+@dataclass
+class VlmCacheECMetadata(ECConnectorMetadata):
+    """Encoder outputs the workers load this step."""
+
+    loads: tuple[EncoderLoad, ...]
+
+
+class VlmCacheECConnector(ECConnectorBase):
+    """The vlmcache encoder-cache connector (``ec_role="ec_both"``)."""
+
+    def __init__(self, vllm_config: Any, role: ECConnectorRole) -> None:
+        super().__init__(vllm_config=vllm_config, role=role)
+        extra = vllm_config.ec_transfer_config.ec_connector_extra_config
+        self._config = VlmCacheConfig.from_extra_config(extra)
+        namespace = namespace_for_engine(vllm_config, self._config, encoder=True)
+        self._store = shared_encoder_store(self._config)
+        self._planner = EncoderPlanner(namespace.digest, self._store.ensure_in_memory,
+                                       self._config.enable_encoder_cache)
+        device = vllm_config.ec_transfer_config.ec_buffer_device or "cpu"
+        self._transfer = EncoderTransfer(self._store, namespace.digest, device)
+
+    # ---- worker side -------------------------------------------------------------------
+
+    def start_load_caches(self, encoder_cache: dict[str, Any], **kwargs: Any) -> None:
+        meta = self._get_connector_metadata()
+        if isinstance(meta, VlmCacheECMetadata) and meta.loads:
+            self._transfer.load(meta.loads, encoder_cache)
+
+    def save_caches(self, encoder_cache: dict[str, Any], mm_hash: str, **kwargs: Any) -> None:
+        if self._config.enable_encoder_cache:
+            self._transfer.save(encoder_cache, mm_hash)
+
+    def shutdown(self) -> None:
+        self._store.flush()
+
+    # ---- scheduler side ----------------------------------------------------------------
+
+    def has_cache_item(self, identifier: str) -> bool:
+        return self._planner.has(identifier)
+
+    def update_state_after_alloc(self, request: "Request", index: int) -> None:
+        feature = request.mm_features[index]
+        self._planner.on_allocated(request.request_id, feature.identifier,
+                                   request.get_num_encoder_embeds(index))
+
+    def build_connector_meta(self, scheduler_output: Any) -> ECConnectorMetadata:
+        computed = getattr(scheduler_output, "scheduled_encoder_inputs", None) or {}
+        for request_id, input_ids in computed.items():
+            self._planner.on_computed(request_id, list(input_ids))
+        return VlmCacheECMetadata(loads=self._planner.take_loads())
+
+    def request_finished(self, request: "Request") -> tuple[bool, dict[str, Any] | None]:
+        items = self._planner.finish(request.request_id, len(request.mm_features or []))
+        return False, {PARAMS_KEY: items}

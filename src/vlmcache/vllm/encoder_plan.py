@@ -1,0 +1,126 @@
+"""Encoder-output tier (L1.5), plain logic: which images to load, what to save, what to report.
+
+An image's encoder output (what the projector hands the language model) is stored under
+:func:`~vlmcache.keys.encoder_output_key` of the engine's namespace and vLLM's identifier
+for the image (tenant-scoped when requests come through :class:`~vlmcache.api.CachedLLM`).
+No vLLM import: :mod:`vlmcache.vllm.ec_connector` translates.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Callable, Mapping, Protocol
+
+import torch
+
+from vlmcache.keys import encoder_output_key
+
+logger = logging.getLogger(__name__)
+
+TENSOR_NAME = "encoder_output"
+
+
+@dataclass(frozen=True)
+class EncoderLoad:
+    """One encoder output to place in the worker's encoder cache."""
+
+    identifier: str
+    key: str
+    num_embeds: int
+
+
+class EncoderStore(Protocol):
+    def contains(self, key: str) -> bool: ...
+
+    def ensure_in_memory(self, key: str) -> bool: ...
+
+    def get(self, key: str) -> dict[str, torch.Tensor] | None: ...
+
+    def put(self, key: str, tensors: Mapping[str, torch.Tensor]) -> bool: ...
+
+
+@dataclass
+class _RequestItems:
+    loaded: set[str] = field(default_factory=set)
+    computed: set[int] = field(default_factory=set)
+
+
+class EncoderPlanner:
+    """Scheduler side: answers "is this image's encoder output stored?" and plans loads."""
+
+    def __init__(self, namespace_digest: str, available: Callable[[str], bool],
+                 enabled: bool = True) -> None:
+        self.namespace_digest = namespace_digest
+        self._available = available
+        self._enabled = enabled
+        self._pending: dict[str, EncoderLoad] = {}
+        self._requests: dict[str, _RequestItems] = {}
+
+    def key(self, identifier: str) -> str:
+        return encoder_output_key(self.namespace_digest, identifier)
+
+    def has(self, identifier: str) -> bool:
+        """Whether the stored output is present *and verified* (vLLM cannot recover a
+        promised encoder output that then fails to load)."""
+        return self._enabled and self._available(self.key(identifier))
+
+    def on_allocated(self, request_id: str, identifier: str, num_embeds: int) -> None:
+        """An encoder input of a request will be served from the store (if stored)."""
+        if not self.has(identifier):
+            return
+        self._pending[identifier] = EncoderLoad(identifier, self.key(identifier), num_embeds)
+        self._requests.setdefault(request_id, _RequestItems()).loaded.add(identifier)
+
+    def on_computed(self, request_id: str, input_ids: list[int]) -> None:
+        """The scheduler sent these encoder inputs of a request to the encoder."""
+        self._requests.setdefault(request_id, _RequestItems()).computed.update(input_ids)
+
+    def take_loads(self) -> tuple[EncoderLoad, ...]:
+        loads, self._pending = tuple(self._pending.values()), {}
+        return loads
+
+    def finish(self, request_id: str, num_items: int) -> dict[str, int]:
+        """What the request's images got from this tier (for the ReuseReport)."""
+        items = self._requests.pop(request_id, _RequestItems())
+        return {"encoder_items": num_items, "encoder_loaded": len(items.loaded),
+                "encoder_computed": len(items.computed)}
+
+
+class EncoderTransfer:
+    """Worker side: puts stored outputs into vLLM's encoder cache; saves new ones."""
+
+    def __init__(self, store: EncoderStore, namespace_digest: str, device: str) -> None:
+        self.store = store
+        self.namespace_digest = namespace_digest
+        self.device = device
+        self.loaded = 0
+        self.saved = 0
+        self.faults = 0
+
+    def load(self, loads: tuple[EncoderLoad, ...], encoder_cache: dict[str, object]) -> None:
+        for item in loads:
+            if item.identifier in encoder_cache:
+                continue
+            chunk = self.store.get(item.key)
+            tensor = chunk.get(TENSOR_NAME) if chunk is not None else None
+            if tensor is None or tensor.shape[0] != item.num_embeds:
+                # Verified by the scheduler a moment ago; only a concurrent eviction or
+                # corruption gets here, and vLLM has no recompute path for it.
+                self.faults += 1
+                logger.error("encoder output for %s vanished or changed shape after "
+                             "its lookup", item.identifier)
+                continue
+            encoder_cache[item.identifier] = tensor.to(self.device)
+            self.loaded += 1
+
+    def save(self, encoder_cache: Mapping[str, object], identifier: str) -> None:
+        output = encoder_cache.get(identifier)
+        if not isinstance(output, torch.Tensor):
+            logger.debug("encoder output for %s is not one tensor; not stored", identifier)
+            return
+        key = encoder_output_key(self.namespace_digest, identifier)
+        if self.store.contains(key):
+            return
+        if self.store.put(key, {TENSOR_NAME: output.detach().to("cpu").contiguous()}):
+            self.saved += 1

@@ -1,0 +1,61 @@
+"""Encoder-output tier (L1.5) on real vLLM: a known image skips the vision encoder."""
+
+from __future__ import annotations
+
+import pytest
+
+from vlmcache.testing.engine_job import ALT_QUESTION, greedy, make_request
+
+pytestmark = pytest.mark.vllm
+
+
+def _install_counter(worker) -> bool:
+    tower = worker.model_runner.model.vision_tower
+    if not hasattr(tower, "_vlmcache_calls"):
+        tower._vlmcache_calls = 0
+
+        def count(module, inputs, output):
+            module._vlmcache_calls += 1
+
+        tower.register_forward_hook(count)
+    return True
+
+
+def _encoder_calls(worker) -> int:
+    return worker.model_runner.model.vision_tower._vlmcache_calls
+
+
+def encoder_calls(cached_llm) -> int:
+    cached_llm.llm.collective_rpc(_install_counter)
+    return sum(cached_llm.llm.collective_rpc(_encoder_calls))
+
+
+def test_first_process_encoded_and_stored_each_image(first_process):
+    for result in first_process.values():
+        assert result["report"]["images_encoded"] == 1
+        assert result["report"]["statuses"]["fusion"] == "miss"
+
+
+def test_known_image_new_question_new_process_skips_encoder(cached_llm, baseline):
+    before = encoder_calls(cached_llm)
+    out = cached_llm.generate([make_request(4, ALT_QUESTION)], greedy())[0]
+    assert encoder_calls(cached_llm) == before  # the vision tower never ran
+    assert out.report.statuses["fusion"] == "hit"
+    assert out.report.images_loaded == 1 and out.report.images_encoded == 0
+    assert out.token_ids == baseline[("alt", 4)]["token_ids"]
+    assert "fusion=hit" in out.report.log_line()
+
+
+def test_other_tenant_runs_the_encoder(cached_llm, baseline):
+    before = encoder_calls(cached_llm)
+    out = cached_llm.generate([make_request(4, ALT_QUESTION, tenant="other")], greedy())[0]
+    assert encoder_calls(cached_llm) == before + 1
+    assert out.report.statuses["fusion"] == "miss" and out.report.images_encoded == 1
+    assert out.token_ids == baseline[("alt", 4)]["token_ids"]
+
+
+def test_unseen_image_runs_encoder(cached_llm, baseline):
+    before = encoder_calls(cached_llm)
+    out = cached_llm.generate([make_request(11)], greedy())[0]
+    assert encoder_calls(cached_llm) == before + 1
+    assert out.report.statuses["fusion"] == "miss"
