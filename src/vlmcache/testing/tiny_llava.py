@@ -64,6 +64,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from vlmcache.keys import file_sha256
+
 __all__ = [
     "BUILD_FORMAT_VERSION",
     "BUILD_INFO_FILE",
@@ -232,7 +234,7 @@ def build_tiny_llava(
             os.chmod(tmp_dir / name, mode)  # some writers use mkstemp (0600)
             os.replace(tmp_dir / name, out_dir / name)
 
-    digests = {name: _sha256(out_dir / name) for name in files}
+    digests = {name: file_sha256(out_dir / name) for name in files}
     record = {
         "params": params,
         "files": digests,
@@ -263,7 +265,7 @@ def is_complete_build(out_dir: Path | str, params: dict[str, Any]) -> bool:
         return False
     for name, digest in files.items():
         p = out_dir / name
-        if not p.is_file() or _sha256(p) != digest:
+        if not p.is_file() or file_sha256(p) != digest:
             return False
     return True
 
@@ -272,12 +274,6 @@ def is_complete_build(out_dir: Path | str, params: dict[str, Any]) -> bool:
 # internals
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def _combined_digest(files: dict[str, str]) -> str:
