@@ -20,18 +20,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from vlmcache.cascade import Cascade, Resolution
+from vlmcache.cascade import Cascade, CascadeRequest, Resolution, Rewrite, build_cascade
 from vlmcache.config import VlmCacheConfig
 from vlmcache.errors import RequestError
-from vlmcache.keys import image_content_hash
-from vlmcache.report import KVReuse, ReuseReport
-from vlmcache.tiers.exact import ExactTextTier
+from vlmcache.keys import image_content_hash, image_uuid
+from vlmcache.report import EncoderReuse, KVReuse, ReuseReport
 from vlmcache.vllm.namespace import namespace_for_model
 
 logger = logging.getLogger(__name__)
 
 CONNECTOR_NAME = "VlmCacheConnector"
 CONNECTOR_MODULE = "vlmcache.vllm.connector"
+EC_CONNECTOR_NAME = "VlmCacheECConnector"
+EC_CONNECTOR_MODULE = "vlmcache.vllm.ec_connector"
 
 
 @dataclass(frozen=True)
@@ -39,12 +40,14 @@ class VlmRequest:
     """One prompt with its images (PIL), for one tenant.
 
     The prompt must already be in the model's format, with one image placeholder per image
-    (``<image>`` for LLaVA).
+    (``<image>`` for LLaVA). ``question`` (optional) is the part of the prompt a paraphrase
+    tier may replace; without it the paraphrase tiers compare (and replace) the whole prompt.
     """
 
     prompt: str
     images: tuple[Any, ...] = ()
     tenant: str | None = None
+    question: str | None = None
 
 
 @dataclass(frozen=True)
@@ -53,6 +56,7 @@ class CachedOutput:
 
     output: Any
     report: ReuseReport
+    rewrite: Rewrite | None = None  # what a similarity tier canonicalized, with scores
 
     @property
     def text(self) -> str:
@@ -84,7 +88,10 @@ def validate_request(req: VlmRequest | str, index: int) -> VlmRequest:
             raise RequestError(f"request {index}: image {j} is empty ({image.size})")
     if req.tenant is not None and (not isinstance(req.tenant, str) or not req.tenant):
         raise RequestError(f"request {index}: tenant must be a non-empty string or None")
-    return VlmRequest(req.prompt, tuple(req.images), req.tenant)
+    if req.question is not None and (not isinstance(req.question, str)
+                                     or req.question not in req.prompt):
+        raise RequestError(f"request {index}: question must be a substring of the prompt")
+    return VlmRequest(req.prompt, tuple(req.images), req.tenant, req.question)
 
 
 class CachedLLM:
@@ -95,20 +102,22 @@ class CachedLLM:
         config: a :class:`VlmCacheConfig`, a mapping of its keys, or a YAML path.
         enabled: ``False`` runs the same engine with no vlmcache at all (a baseline).
         engine_args: passed to ``vllm.LLM`` unchanged (``max_model_len``, ``seed``, ...).
+        engine: an already started ``vllm.LLM`` to use instead of starting one (it must
+            have been started by a ``CachedLLM`` on the same ``store_path``).
     """
 
     def __init__(self, model: str | Path, config: VlmCacheConfig | Mapping[str, object]
                  | str | Path | None = None, *, enabled: bool = True,
-                 engine_args: Mapping[str, Any] | None = None) -> None:
+                 engine_args: Mapping[str, Any] | None = None, engine: Any = None) -> None:
         self.config = _as_config(config)
         self.enabled = enabled
         self.model = str(model)
         self._cascade = Cascade(None)
-        if enabled and self.config.enable_exact:
+        if enabled and (self.config.enable_exact or self.config.enable_image_embedding
+                        or self.config.enable_semantic_text):
             ns = namespace_for_model(self.model, self.config)
-            path = self.config.store_dir / "exact" / f"{ns.digest[:24]}.jsonl"
-            self._cascade = Cascade(ExactTextTier(path, ns.digest, self.config.exact_max_entries))
-        self.llm = self._start_engine(dict(engine_args or {}))
+            self._cascade = build_cascade(self.config, ns.digest)
+        self.llm = engine if engine is not None else self._start_engine(dict(engine_args or {}))
 
     def _start_engine(self, args: dict[str, Any]) -> Any:
         from vllm import LLM
@@ -121,6 +130,13 @@ class CachedLLM:
                 kv_connector=CONNECTOR_NAME, kv_connector_module_path=CONNECTOR_MODULE,
                 kv_role="kv_both", kv_load_failure_policy="recompute",
                 kv_connector_extra_config=self.config.to_dict())
+        if self.enabled and self.config.enable_encoder_cache:
+            from vllm.config import ECTransferConfig
+
+            args["ec_transfer_config"] = ECTransferConfig(
+                ec_connector=EC_CONNECTOR_NAME, ec_connector_module_path=EC_CONNECTOR_MODULE,
+                ec_role="ec_both", ec_buffer_device=_device_type(),
+                ec_connector_extra_config=self.config.to_dict())
         return LLM(model=self.model, **args)
 
     def generate(self, requests: Sequence[VlmRequest | str], sampling_params: Any = None,
@@ -138,39 +154,57 @@ class CachedLLM:
         hashes = [tuple(image_content_hash(im) for im in r.images) for r in reqs]
         resolved = [self._resolve(r, h, bypass) for r, h in zip(reqs, hashes)]
         params = _with_transfer_params(sampling_params or SamplingParams(), bypass)
-        prompts = [self._vllm_prompt(r, res) for r, res in zip(reqs, resolved)]
+        prompts = [self._vllm_prompt(r, res, h) for r, res, h in zip(reqs, resolved, hashes)]
         start = time.perf_counter()
         outputs = self.llm.generate(prompts, params, use_tqdm=False)
         wall = time.perf_counter() - start
         results = []
-        for req, h, res, out in zip(reqs, hashes, resolved, outputs):
+        for req, res, out in zip(reqs, resolved, outputs):
             report = self._report(out, res, wall)
-            if self.enabled and not bypass and report.tokens_loaded == 0 and report.chunk_keys:
-                self._cascade.capture(res.prompt, h, req.tenant, report.chunk_keys,
-                                      report.prompt_tokens)
+            if self.enabled and not bypass:
+                self._remember(req, res, report)
             if self.config.log_requests:
                 logger.info("%s", report.log_line())
-            results.append(CachedOutput(out, report))
+            results.append(CachedOutput(out, report, res.rewrite))
         return results
+
+    def _remember(self, req: VlmRequest, res: Resolution, report: ReuseReport) -> None:
+        """Record what this request computed, for the exact and similarity tiers."""
+        if report.tokens_loaded == 0 and report.chunk_keys:
+            self._cascade.capture(res.prompt, res.image_hashes, req.tenant, report.chunk_keys,
+                                  report.prompt_tokens)
+        self._cascade.remember(
+            CascadeRequest(req.prompt, res.image_hashes, req.tenant, req.images, req.question),
+            res)
 
     def _resolve(self, req: VlmRequest, hashes: tuple[str, ...], bypass: bool) -> Resolution:
         if not self.enabled or bypass:
-            return Resolution(req.prompt, None, None, {"exact_text": "skip"})
-        return self._cascade.resolve(req.prompt, hashes, req.tenant)
+            return Resolution(req.prompt, None, None, {"exact_text": "skip"}, image_hashes=hashes)
+        return self._cascade.resolve(req.prompt, hashes, req.tenant, images=req.images,
+                                     question=req.question)
 
-    def _vllm_prompt(self, req: VlmRequest, res: Resolution) -> dict[str, Any]:
+    def _vllm_prompt(self, req: VlmRequest, res: Resolution,
+                     hashes: tuple[str, ...]) -> dict[str, Any]:
         prompt: dict[str, Any] = {"prompt": res.prompt}
         if req.images:
-            images = list(req.images)
+            # a near-duplicate image is sent as its canonical image: pixels and identity
+            images = list(res.images if res.images is not None else req.images)
+            hashes = res.image_hashes or hashes
             prompt["multi_modal_data"] = {"image": images[0] if len(images) == 1 else images}
+            # Tenant-scoped, content-derived image identities: every cache keyed by them
+            # (vLLM's encoder cache, vlmcache's encoder tier, KV keys) stays per tenant.
+            prompt["multi_modal_uuids"] = {"image": [
+                image_uuid(self.config.tenant_salt, req.tenant, h) for h in hashes]}
         if req.tenant is not None:
             prompt["cache_salt"] = tenant_salt(self.config.tenant_salt, req.tenant)
         return prompt
 
     def _report(self, out: Any, res: Resolution, wall: float) -> ReuseReport:
         kv = KVReuse.from_params(out.kv_transfer_params) or KVReuse()
+        enc = EncoderReuse.from_params(getattr(out, "ec_transfer_params", None))
         n_prompt = len(out.prompt_token_ids or ()) or kv.prompt_tokens
         statuses = dict(res.statuses)
+        statuses["fusion"] = enc.status if self.enabled and enc is not None else "skip"
         if not self.enabled or kv.bypass:
             statuses["kv_cache"] = "skip"
         else:
@@ -186,10 +220,13 @@ class CachedLLM:
             tokens_from_prefix_cache=l0,
             tokens_computed=max(n_prompt - kv.tokens_loaded - l0, 0),
             blocks_saved=kv.blocks_saved, load_failed_blocks=kv.load_failed_blocks,
+            images_encoded=enc.computed if enc else 0, images_loaded=enc.loaded if enc else 0,
             latency_s=latency, ttft_s=ttft, chunk_keys=kv.chunk_keys)
 
     def close(self) -> None:
-        """Shut the engine down (flushing the store's pending disk writes)."""
+        """Persist the similarity indexes and shut the engine down (the engine flushes the
+        store's pending disk writes)."""
+        self._cascade.flush()
         llm, self.llm = self.llm, None
         if llm is not None:
             engine = getattr(llm, "llm_engine", None)
@@ -208,6 +245,12 @@ class CachedLLM:
 def tenant_salt(deployment_salt: str, tenant: str) -> str:
     """The ``cache_salt`` vLLM gets for ``tenant``: isolates vLLM's and our caches."""
     return hashlib.sha256(f"{deployment_salt}\0{tenant}".encode()).hexdigest()[:32]
+
+
+def _device_type() -> str:
+    from vllm.platforms import current_platform
+
+    return str(current_platform.device_type)
 
 
 def _as_config(config: VlmCacheConfig | Mapping[str, object] | str | Path | None) -> VlmCacheConfig:

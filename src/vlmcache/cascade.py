@@ -1,56 +1,261 @@
 """The lookup cascade: which tiers are asked, in which order, and what a hit does.
 
-This is the only module that knows the tier order. Tiers only look up; the cascade turns a
-hit into a rewrite of the request (canonicalize, then cache exactly below) and reports it.
+This is the only module that knows the tier order (the seeds'): exact text (L0.5), image
+embedding (L2: vision, then prompt layer), semantic text (L1). Tiers only look up; the
+cascade turns a hit into a rewrite of the request (canonical images, canonical question or
+prompt) so that everything below (vLLM's prefix and encoder caches, the persistent KV
+store) hits exactly, and reports each rewrite with its score.
 """
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
-from typing import Literal, Sequence
+from typing import Any, Literal, Sequence
 
 from vlmcache.tiers.exact import ExactRecord, ExactTextTier
+from vlmcache.tiers.image_embedding import ImageEmbeddingTier
+from vlmcache.tiers.semantic_text import (
+    PROMPT_LAYER,
+    QUESTION_LAYER,
+    SemanticTextTier,
+    TextLookup,
+    TextQuery,
+    image_context,
+    strip_placeholders,
+)
+
+logger = logging.getLogger(__name__)
 
 TierStatus = Literal["hit", "miss", "skip"]
+VISION_LAYER = "embedding:vision"
 
 #: Status names in the order the cascade consults them (the seeds' log-line order).
-STATUS_ORDER = ("exact_text", "kv_cache")
+STATUS_ORDER = ("exact_text", VISION_LAYER, PROMPT_LAYER, QUESTION_LAYER, "fusion", "kv_cache")
+
+
+@dataclass(frozen=True)
+class CascadeRequest:
+    """What the cascade sees of one request."""
+
+    prompt: str
+    image_hashes: tuple[str, ...] = ()
+    tenant: str | None = None
+    images: tuple[Any, ...] = ()
+    question: str | None = None
+
+    @property
+    def question_text(self) -> str:
+        """The text L1 compares: ``question``, else the prompt without placeholders."""
+        return self.question if self.question is not None else strip_placeholders(self.prompt)
+
+
+@dataclass(frozen=True)
+class Rewrite:
+    """Audit of a similarity rewrite: what the request was canonicalized to, and why."""
+
+    tier: str
+    canonical_prompt: str
+    canonical_question: str | None = None
+    question_score: float | None = None
+    canonical_images: tuple[str, ...] = ()
+    image_scores: tuple[float, ...] = ()
+    refused: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
 class Resolution:
-    """A request after the cascade: what to send to vLLM, and why."""
+    """A request after the cascade: what to send to vLLM, and why.
+
+    ``image_hashes`` are the (canonical) content hashes of the images to send; ``images``
+    replaces the request's images when an image was canonicalized (``None``: unchanged).
+    ``matched`` has the ``canonical_prompt`` of the exact record or rewrite that decided.
+    """
 
     prompt: str
     hit_tier: str | None
     similarity: float | None
     statuses: dict[str, TierStatus] = field(default_factory=dict)
-    matched: ExactRecord | None = None
+    matched: ExactRecord | Rewrite | None = None
+    image_hashes: tuple[str, ...] = ()
+    images: tuple[Any, ...] | None = None
+    rewrite: Rewrite | None = None
 
     @property
     def rewritten(self) -> bool:
         return self.matched is not None
 
 
+@dataclass(frozen=True)
+class _Canonical:
+    hashes: tuple[str, ...]
+    images: tuple[Any, ...]
+    scores: tuple[float, ...]
+    status: TierStatus
+
+    @property
+    def changed(self) -> bool:
+        return self.status == "hit"
+
+
 class Cascade:
-    """Exact tier first; later tiers (semantic, image) slot in here, in order."""
+    """Exact, then image embedding, then semantic text; each tier optional (``None``)."""
 
-    def __init__(self, exact: ExactTextTier | None) -> None:
+    def __init__(self, exact: ExactTextTier | None, image: ImageEmbeddingTier | None = None,
+                 text: SemanticTextTier | None = None) -> None:
         self.exact = exact
+        self.image = image
+        self.text = text
 
-    def resolve(self, prompt: str, image_hashes: Sequence[str],
-                tenant: str | None) -> Resolution:
-        """Side-effect free: the request as it should reach vLLM."""
-        if self.exact is None:
-            return Resolution(prompt, None, None, {"exact_text": "skip"})
-        record = self.exact.lookup(prompt, image_hashes, tenant)
-        if record is None:
-            return Resolution(prompt, None, None, {"exact_text": "miss"})
-        return Resolution(record.canonical_prompt, "text:exact", 1.0,
-                          {"exact_text": "hit"}, record)
+    def resolve(self, prompt: str, image_hashes: Sequence[str], tenant: str | None,
+                *, images: Sequence[Any] = (), question: str | None = None) -> Resolution:
+        """The request as it should reach vLLM (only side effect: embedding memo)."""
+        req = CascadeRequest(prompt, tuple(image_hashes), tenant, tuple(images), question)
+        statuses = self._initial_statuses()
+        hit = self._exact(req, req.image_hashes, statuses)
+        if hit is not None:
+            return Resolution(hit.canonical_prompt, "text:exact", 1.0, statuses, hit,
+                              req.image_hashes)
+        canon = self._canonical_images(req)
+        if self.image is not None:
+            statuses[VISION_LAYER] = canon.status
+        images = canon.images if canon.changed else None
+        if canon.changed:
+            hit = self._exact(req, canon.hashes, {})
+            if hit is not None:
+                return self._vision_hit(hit.canonical_prompt, canon, hit, statuses)
+        found = self._text(req, canon, statuses)
+        if found.match is not None:
+            m = found.match
+            prompt = _rewrite_prompt(req, m.question, m.prompt, m.layer)
+            rw = Rewrite(m.layer, prompt, m.question, m.score, canon.hashes, canon.scores,
+                         found.refused)
+            return Resolution(prompt, m.layer, m.score, statuses, rw, canon.hashes, images, rw)
+        if canon.changed:
+            return self._vision_hit(req.prompt, canon, None, statuses, found.refused)
+        return Resolution(req.prompt, None, None, statuses, None, canon.hashes, None,
+                          Rewrite("", req.prompt, refused=found.refused) if found.refused
+                          else None)
 
     def capture(self, prompt: str, image_hashes: Sequence[str], tenant: str | None,
                 chunk_keys: Sequence[str], prompt_tokens: int) -> None:
-        """Record a served request so later ones can be canonicalized to it."""
+        """Record a served request's KV keys so later ones can be canonicalized to it."""
         if self.exact is not None:
             self.exact.record(prompt, image_hashes, tenant, chunk_keys, prompt_tokens)
+
+    def remember(self, req: CascadeRequest, res: Resolution) -> None:
+        """Make a served request's images and question canonical where they were not."""
+        if self.image is not None and res.statuses.get(VISION_LAYER) == "miss":
+            for image, h in zip(req.images, res.image_hashes):
+                self.image.record(image, h, req.tenant)
+        if self.text is not None and res.hit_tier in (None, VISION_LAYER):
+            self.text.record(TextQuery(req.question_text, res.prompt,
+                                       image_context(res.image_hashes), req.tenant))
+
+    def flush(self) -> None:
+        """Persist the similarity tiers' indexes."""
+        for tier in (self.image, self.text):
+            if tier is not None:
+                tier.flush()
+
+    def _initial_statuses(self) -> dict[str, TierStatus]:
+        """``skip`` for every configured tier (unconfigured ones are not reported)."""
+        statuses: dict[str, TierStatus] = {"exact_text": "skip"}
+        if self.image is not None:
+            statuses[VISION_LAYER] = "skip"
+        if self.text is not None:
+            statuses.update({PROMPT_LAYER: "skip", QUESTION_LAYER: "skip"})
+        return statuses
+
+    def _exact(self, req: CascadeRequest, hashes: tuple[str, ...],
+               statuses: dict[str, TierStatus]) -> ExactRecord | None:
+        if self.exact is None:
+            return None
+        record = self.exact.lookup(req.prompt, hashes, req.tenant)
+        statuses["exact_text"] = "hit" if record is not None else "miss"
+        return record
+
+    def _canonical_images(self, req: CascadeRequest) -> _Canonical:
+        if self.image is None or not req.images:
+            return _Canonical(req.image_hashes, req.images, (), "skip")
+        matches = [self.image.lookup(im, h, req.tenant)
+                   for im, h in zip(req.images, req.image_hashes)]
+        if any(m is None for m in matches):
+            return _Canonical(req.image_hashes, req.images, (), "miss")
+        hashes = tuple(m.canonical_hash for m in matches if m is not None)
+        changed = hashes != req.image_hashes
+        return _Canonical(hashes, tuple(m.image for m in matches if m is not None),
+                          tuple(m.score for m in matches if m is not None),
+                          "hit" if changed else "miss")
+
+    def _text(self, req: CascadeRequest, canon: _Canonical,
+              statuses: dict[str, TierStatus]) -> TextLookup:
+        if self.text is None:
+            return TextLookup(None, {})
+        query = TextQuery(req.question_text, req.prompt, image_context(canon.hashes), req.tenant)
+        found = self.text.lookup(query, (PROMPT_LAYER, QUESTION_LAYER))
+        for layer in (PROMPT_LAYER, QUESTION_LAYER):
+            won = found.match is not None and found.match.layer == layer
+            statuses[layer] = "hit" if won else "miss"
+        if found.refused:
+            logger.info("paraphrase gate refused: %s", "; ".join(found.refused))
+        return found
+
+    @staticmethod
+    def _vision_hit(prompt: str, canon: _Canonical, record: ExactRecord | None,
+                    statuses: dict[str, TierStatus],
+                    refused: tuple[str, ...] = ()) -> Resolution:
+        rw = Rewrite(VISION_LAYER, prompt, canonical_images=canon.hashes,
+                     image_scores=canon.scores, refused=refused)
+        return Resolution(prompt, VISION_LAYER, min(canon.scores), statuses, record or rw,
+                          canon.hashes, canon.images, rw)
+
+
+def _rewrite_prompt(req: CascadeRequest, cached_question: str, cached_prompt: str,
+                    layer: str) -> str:
+    """Replace only the question (L1 with an explicit question), else the whole prompt."""
+    if layer == QUESTION_LAYER and req.question and req.question in req.prompt:
+        return req.prompt.replace(req.question, cached_question, 1)
+    return cached_prompt
+
+
+def build_cascade(config: Any, namespace_digest: str) -> Cascade:
+    """The tiers ``config`` (a :class:`~vlmcache.config.VlmCacheConfig`) enables.
+
+    Embedders load lazily: building costs no model load, only index files are read.
+    """
+    root = config.store_dir
+    exact = None
+    if config.enable_exact:
+        exact = ExactTextTier(root / "exact" / f"{namespace_digest[:24]}.jsonl",
+                              namespace_digest, config.exact_max_entries)
+    image = _image_tier(config, namespace_digest) if config.enable_image_embedding else None
+    text = None
+    if config.enable_semantic_text:
+        from vlmcache.embedders import Memoized, make_text_embedder, text_digest
+
+        embedder = Memoized(make_text_embedder("minilm"), text_digest)
+        text = SemanticTextTier(root / "semantic", namespace_digest, embedder,
+                                {QUESTION_LAYER: config.semantic_text_threshold,
+                                 PROMPT_LAYER: config.prompt_threshold},
+                                config.enable_gates, config.vector_index_hnsw_threshold)
+    return Cascade(exact, image, text)
+
+
+def _image_tier(config: Any, namespace_digest: str) -> ImageEmbeddingTier:
+    from vlmcache.embedders import Memoized, make_image_embedder
+    from vlmcache.keys import image_content_hash
+    from vlmcache.store.disk import DiskStore
+    from vlmcache.store.memory import MemoryStore
+    from vlmcache.store.tiered import TieredStore
+
+    budget = config.image_store_budget
+    memory = MemoryStore(max(1, min(budget // 4, 256 * 1024**2)), name="memory")
+    store = TieredStore(memory, DiskStore(config.store_dir / "images", budget, name="disk"),
+                        name="images")
+    inner = make_image_embedder(config.image_embedder, config.image_embedder_path,
+                                config.image_embedder_dim)
+    path = config.store_dir / "image_index" / f"{namespace_digest[:24]}.{inner.name}"
+    return ImageEmbeddingTier(path, namespace_digest, Memoized(inner, image_content_hash),
+                              store, config.image_threshold, config.vector_index_hnsw_threshold)
+

@@ -36,7 +36,12 @@ def run_mode(mode: str, model: str, store: str, n: int, max_tokens: int) -> dict
     """One mode in this process: a warm-up request, then ``n`` timed requests."""
     from vlmcache.api import CachedLLM
     from vlmcache.config import VlmCacheConfig
-    from vlmcache.testing.engine_job import BLOCK_SIZE, engine_args, greedy, make_request
+    from vlmcache.testing.engine_job import (
+        BLOCK_SIZE,
+        engine_args,
+        greedy,
+        make_request,
+    )
 
     config = VlmCacheConfig(store_path=store, block_size=BLOCK_SIZE, log_requests=False)
     llm = CachedLLM(model, config, enabled=mode != "cache_off", engine_args=engine_args())

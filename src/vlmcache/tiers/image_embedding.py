@@ -1,0 +1,135 @@
+"""Image embedding tier (L2, vision layer): near-duplicate image -> its canonical image.
+
+A request's image is matched against the canonical images seen before (same namespace,
+same tenant) by an image embedder and a FAISS index. A hit replaces the image by the
+canonical one: its identity (content hash, hence vLLM's ``multi_modal_uuids``) *and* its
+stored pixels, so a cache that evicted it recomputes the canonical image, never stores the
+new image's KV under the canonical name. Canonical pixels live in a bounded chunk store;
+when the store evicts one, its index entry goes too.
+"""
+
+from __future__ import annotations
+
+import atexit
+import hashlib
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from vlmcache.embedders.base import Memoized
+from vlmcache.index.faiss_index import IndexEntry, VectorIndex
+from vlmcache.store.tiered import TieredStore
+
+logger = logging.getLogger(__name__)
+
+_MODES = {1: "L", 3: "RGB", 4: "RGBA"}
+SAVE_EVERY = 64
+SAVE_INTERVAL_S = 2.0
+
+
+@dataclass(frozen=True)
+class ImageMatch:
+    """The canonical image a request's image maps to (itself when ``score == 1`` and
+    ``canonical_hash`` is its own hash)."""
+
+    canonical_hash: str
+    score: float
+    image: Any  # PIL.Image.Image: the canonical pixels
+
+
+def image_store_key(namespace_digest: str, tenant: str | None, content_hash: str) -> str:
+    """Chunk-store key of a canonical image (bound to namespace and tenant)."""
+    scope = "" if tenant is None else "t:" + tenant
+    return hashlib.sha256(f"canon-image\0{namespace_digest}\0{scope}\0{content_hash}"
+                          .encode()).hexdigest()
+
+
+def image_to_tensors(image: Any) -> dict[str, torch.Tensor]:
+    """PIL image -> ``{"pixels": uint8[H, W, C]}`` (modes other than L/RGB/RGBA -> RGB)."""
+    if image.mode not in _MODES.values():
+        image = image.convert("RGB")
+    arr = np.asarray(image, dtype=np.uint8)
+    if arr.ndim == 2:
+        arr = arr[:, :, None]
+    return {"pixels": torch.from_numpy(arr.copy())}
+
+
+def tensors_to_image(tensors: dict[str, torch.Tensor]) -> Any:
+    """Inverse of :func:`image_to_tensors`."""
+    from PIL import Image
+
+    arr = tensors["pixels"].numpy()
+    mode = _MODES[arr.shape[2]]
+    return Image.fromarray(arr[:, :, 0] if mode == "L" else arr, mode)
+
+
+class ImageEmbeddingTier:
+    """Lookup and record canonical images for one namespace.
+
+    Args:
+        index_path: stem of the persisted FAISS index.
+        namespace_digest: binds entries and stored pixels to model, weights and salt.
+        embedder: memoized image embedder (keyed by image content hash).
+        store: bounded chunk store for canonical pixels (its evictions drop index entries).
+        threshold: cosine similarity a near-duplicate must reach.
+    """
+
+    def __init__(self, index_path: Path, namespace_digest: str, embedder: Memoized,
+                 store: TieredStore, threshold: float, hnsw_threshold: int = 20_000) -> None:
+        self.namespace_digest = namespace_digest
+        self.embedder = embedder
+        self.store = store
+        self.threshold = threshold
+        self.index = VectorIndex(embedder.dim, index_path, hnsw_threshold)
+        self._last_save = time.monotonic()
+        store.add_eviction_listener(self._evicted)
+        atexit.register(self.flush)
+
+    def lookup(self, image: Any, content_hash: str, tenant: str | None) -> ImageMatch | None:
+        """The best canonical image of ``tenant`` at or above the threshold, or ``None``."""
+        own = image_store_key(self.namespace_digest, tenant, content_hash)
+        if self.index.get(own) is not None:
+            return ImageMatch(content_hash, 1.0, image)
+        vec = self.embedder.embed([image], [content_hash])[0]
+        for hit in self.index.search(vec, k=4, accept=lambda e: e.tenant == tenant):
+            if hit.score < self.threshold:
+                break
+            tensors = self.store.get(hit.entry.key)
+            if tensors is None:  # pixels gone: the entry must go too
+                self.index.remove([hit.entry.key])
+                continue
+            return ImageMatch(hit.entry.context, hit.score, tensors_to_image(tensors))
+        return None
+
+    def record(self, image: Any, content_hash: str, tenant: str | None) -> bool:
+        """Make ``image`` canonical (store pixels, index it); ``False`` if not kept."""
+        key = image_store_key(self.namespace_digest, tenant, content_hash)
+        if self.index.get(key) is not None:
+            return True
+        if not self.store.put(key, image_to_tensors(image)):
+            logger.warning("image tier: canonical image %s not stored", content_hash[:12])
+            return False
+        vec = self.embedder.embed([image], [content_hash])[0]
+        self.index.add(IndexEntry(key, tenant, context=content_hash), vec)
+        self._maybe_save()
+        return True
+
+    def flush(self) -> None:
+        """Persist the index if it changed."""
+        if self.index.dirty:
+            self.index.save()
+            self._last_save = time.monotonic()
+
+    def _maybe_save(self) -> None:
+        if (self.index.dirty >= SAVE_EVERY
+                or time.monotonic() - self._last_save >= SAVE_INTERVAL_S):
+            self.flush()
+
+    def _evicted(self, key: str) -> None:
+        if self.index.remove([key]):
+            logger.debug("image tier: canonical image %s evicted, index entry removed", key[:12])

@@ -1,0 +1,159 @@
+"""Semantic text tiers: a paraphrased question about the same (canonical) images.
+
+Two layers share one text embedder and differ in what they embed:
+
+- ``embedding:prompt`` (L2, prompt layer): the whole prompt text, image placeholders
+  stripped;
+- ``semantic_text`` (L1): the question only (``VlmRequest.question``, else the stripped
+  prompt).
+
+Both only match cached requests of the same tenant about the same canonical images (the
+*context*), and both pass the paraphrase gate (:mod:`vlmcache.tiers.gates`). A hit names
+the cached question/prompt the request is rewritten to; everything below caches exactly.
+"""
+
+from __future__ import annotations
+
+import atexit
+import hashlib
+import json
+import logging
+import re
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+from vlmcache.embedders.base import Memoized
+from vlmcache.index.faiss_index import IndexEntry, VectorIndex
+from vlmcache.tiers.exact import normalize_prompt
+from vlmcache.tiers.gates import check_paraphrase
+
+logger = logging.getLogger(__name__)
+
+PROMPT_LAYER = "embedding:prompt"
+QUESTION_LAYER = "semantic_text"
+_PLACEHOLDER_RE = re.compile(r"<\|?(?:image|img|vision)[^>]*\|?>", re.IGNORECASE)
+SAVE_EVERY = 64
+SAVE_INTERVAL_S = 2.0
+
+
+def strip_placeholders(prompt: str) -> str:
+    """The prompt's text with image placeholder tokens removed."""
+    return " ".join(_PLACEHOLDER_RE.sub(" ", prompt).split())
+
+
+def image_context(canonical_hashes: Sequence[str]) -> str:
+    """The context a text entry is bound to: its canonical images, in order."""
+    return hashlib.sha256("\0".join(canonical_hashes).encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class TextQuery:
+    """One request's text, as the text layers see it."""
+
+    question: str
+    prompt: str
+    context: str
+    tenant: str | None
+
+
+@dataclass(frozen=True)
+class TextMatch:
+    """A cached request the query may be rewritten to."""
+
+    layer: str
+    question: str
+    prompt: str
+    score: float
+
+
+@dataclass(frozen=True)
+class TextLookup:
+    """The best match (or ``None``), per-layer best scores and gate refusals."""
+
+    match: TextMatch | None
+    scores: dict[str, float]
+    refused: tuple[str, ...] = ()
+
+
+class SemanticTextTier:
+    """Question (L1) and prompt (L2 prompt layer) indexes for one namespace.
+
+    Args:
+        index_dir: where the two FAISS indexes persist.
+        namespace_digest: binds entries to model, weights, processor and salt.
+        embedder: memoized text embedder.
+        thresholds: minimum cosine per layer (``semantic_text``, ``embedding:prompt``).
+        gate: refuse hits whose questions differ in negation/colour/shape/number/side.
+    """
+
+    def __init__(self, index_dir: Path, namespace_digest: str, embedder: Memoized,
+                 thresholds: dict[str, float], gate: bool = True,
+                 hnsw_threshold: int = 20_000) -> None:
+        self.namespace_digest = namespace_digest
+        self.embedder = embedder
+        self.thresholds = dict(thresholds)
+        self.gate = gate
+        stem = namespace_digest[:24]
+        self.indexes = {layer: VectorIndex(embedder.dim, index_dir / f"{stem}.{name}",
+                                           hnsw_threshold)
+                        for layer, name in ((QUESTION_LAYER, "question"),
+                                            (PROMPT_LAYER, "prompt"))}
+        self._last_save = time.monotonic()
+        atexit.register(self.flush)
+
+    def lookup(self, query: TextQuery, layers: Sequence[str]) -> TextLookup:
+        """Best gated match over ``layers`` (ties go to the later layer, L1)."""
+        texts = {PROMPT_LAYER: strip_placeholders(query.prompt), QUESTION_LAYER: query.question}
+        vecs = dict(zip(layers, self.embedder.embed([texts[layer] for layer in layers])))
+        best: TextMatch | None = None
+        scores: dict[str, float] = {}
+        refused: list[str] = []
+
+        def accept(e: IndexEntry) -> bool:
+            return e.tenant == query.tenant and e.context == query.context
+
+        for layer in layers:
+            for hit in self.indexes[layer].search(vecs[layer], k=4, accept=accept):
+                scores[layer] = max(scores.get(layer, -1.0), hit.score)
+                if hit.score < self.thresholds[layer]:
+                    break
+                cached_q = json.loads(hit.entry.aux)["question"]
+                verdict = check_paraphrase(query.question, cached_q) if self.gate else None
+                if verdict is not None and not verdict.ok:
+                    refused.append(f"{layer}: {verdict.reason}")
+                    continue
+                if best is None or hit.score >= best.score:
+                    best = TextMatch(layer, cached_q, hit.entry.text, hit.score)
+                break
+        return TextLookup(best, scores, tuple(refused))
+
+    def record(self, query: TextQuery) -> None:
+        """Remember ``query`` as a canonical question/prompt for its context."""
+        aux = json.dumps({"question": query.question})
+        texts = {QUESTION_LAYER: query.question, PROMPT_LAYER: strip_placeholders(query.prompt)}
+        vecs = self.embedder.embed(list(texts.values()))
+        for (layer, text), vec in zip(texts.items(), vecs):
+            key = self._key(layer, text, query)
+            if self.indexes[layer].get(key) is None:
+                entry = IndexEntry(key, query.tenant, query.context, query.prompt, aux)
+                self.indexes[layer].add(entry, vec)
+        self._maybe_save()
+
+    def flush(self) -> None:
+        """Persist the indexes that changed."""
+        for index in self.indexes.values():
+            if index.dirty:
+                index.save()
+        self._last_save = time.monotonic()
+
+    def _maybe_save(self) -> None:
+        dirty = max(ix.dirty for ix in self.indexes.values())
+        if dirty >= SAVE_EVERY or time.monotonic() - self._last_save >= SAVE_INTERVAL_S:
+            self.flush()
+
+    def _key(self, layer: str, text: str, query: TextQuery) -> str:
+        payload = json.dumps([self.namespace_digest, layer, query.tenant, query.context,
+                              normalize_prompt(text)])
+        return hashlib.sha256(payload.encode()).hexdigest()

@@ -1,0 +1,107 @@
+"""Embedders with their real weights (MiniLM, EfficientNet-Lite0) and the optional ones."""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import pytest
+from PIL import Image, ImageChops
+
+from vlmcache.embedders import (
+    Memoized,
+    make_image_embedder,
+    make_text_embedder,
+    text_digest,
+)
+from vlmcache.embedders.image import ClipEmbedder, PerceptualHashEmbedder, SSCDEmbedder
+from vlmcache.errors import ConfigError, MissingDependencyError
+from vlmcache.keys import image_content_hash
+from vlmcache.testing.tiny_llava import make_test_image
+
+
+@pytest.fixture(scope="module")
+def minilm():
+    return make_text_embedder("minilm")
+
+
+@pytest.fixture(scope="module")
+def effnet():
+    return make_image_embedder("efficientnet-lite0")
+
+
+def _jpeg(image, quality=90):
+    buf = io.BytesIO()
+    image.save(buf, "JPEG", quality=quality)
+    return Image.open(io.BytesIO(buf.getvalue())).convert("RGB")
+
+
+def test_minilm_scores_paraphrases_above_unrelated(minilm):
+    v = minilm.embed(["What color is the car?", "Which colour is the vehicle?",
+                      "What is the weather today?"])
+    assert v.shape == (3, 384) and v.dtype == np.float32
+    assert np.allclose(np.linalg.norm(v, axis=1), 1.0, atol=1e-5)
+    assert v[0] @ v[1] > 0.85
+    assert v[0] @ v[2] < 0.5
+
+
+def test_minilm_is_fooled_by_negation(minilm):
+    """Why the gates exist: a negated question scores as a paraphrase."""
+    v = minilm.embed(["Is there a red circle?", "Is there not a red circle?"])
+    assert v[0] @ v[1] > 0.9
+
+
+def test_memo_embeds_each_content_once(minilm):
+    calls = []
+
+    class Counting:
+        name, dim = "counting", 384
+
+        def embed(self, texts):
+            calls.append(list(texts))
+            return minilm.embed(texts)
+
+    memo = Memoized(Counting(), text_digest)
+    first = memo.embed(["a b", "c d", "a b"])
+    second = memo.embed(["c d", "e f"])
+    assert calls == [["a b", "c d"], ["e f"]]
+    assert np.allclose(first[1], second[0]) and np.allclose(first[0], first[2])
+
+
+def test_efficientnet_near_duplicates_score_above_distinct_images(effnet):
+    images = [make_test_image(s) for s in range(4)]
+    base = effnet.embed(images)
+    assert base.shape == (4, 1280)
+    shifted = effnet.embed([ImageChops.offset(im, 4, 3) for im in images])
+    recoded = effnet.embed([_jpeg(im) for im in images])
+    distinct = base @ base.T
+    worst_distinct = distinct[~np.eye(4, dtype=bool)].max()
+    assert worst_distinct < 0.8
+    assert (shifted * base).sum(1).min() > 0.85
+    assert (recoded * base).sum(1).min() > worst_distinct
+
+
+def test_memo_keys_images_by_content(effnet):
+    memo = Memoized(effnet, image_content_hash)
+    a, b = make_test_image(1), make_test_image(1)
+    assert np.allclose(memo.embed([a]), memo.embed([b]))
+
+
+def test_phash_is_robust_to_reencoding():
+    ph = PerceptualHashEmbedder()
+    images = [make_test_image(s) for s in range(3)]
+    base, recoded = ph.embed(images), ph.embed([_jpeg(im, 70) for im in images])
+    assert (base * recoded).sum(1).min() >= 0.85
+    assert (base @ base.T)[~np.eye(3, dtype=bool)].max() < 0.5
+
+
+def test_optional_embedders_say_what_to_install(tmp_path):
+    with pytest.raises(MissingDependencyError, match="not found"):
+        ClipEmbedder(tmp_path / "no-such-weights", 512)
+    sscd = SSCDEmbedder()
+    with pytest.raises(MissingDependencyError, match="pip install"):
+        sscd.embed([make_test_image(0)])
+    with pytest.raises(ConfigError, match="image_embedder"):
+        make_image_embedder("nope")
+    with pytest.raises(ConfigError, match="clip"):
+        make_image_embedder("clip")

@@ -1,0 +1,73 @@
+"""FAISS vector index: search, tenant filter, removal, HNSW switch, crash-safe persistence."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from vlmcache.index import IndexEntry, VectorIndex
+
+
+def _vectors(n, dim=16, seed=0):
+    v = np.random.default_rng(seed).normal(size=(n, dim)).astype(np.float32)
+    return v / np.linalg.norm(v, axis=1, keepdims=True)
+
+
+def _filled(path=None, n=40, hnsw_threshold=1000):
+    index = VectorIndex(16, path, hnsw_threshold=hnsw_threshold)
+    vecs = _vectors(n)
+    for i, v in enumerate(vecs):
+        index.add(IndexEntry(f"k{i}", "a" if i % 2 else "b", context=str(i % 3)), v)
+    return index, vecs
+
+
+def test_exact_search_finds_itself_and_filters():
+    index, vecs = _filled()
+    assert index.kind == "flat" and len(index) == 40
+    hit = index.search(vecs[7])[0]
+    assert hit.entry.key == "k7" and hit.score == pytest.approx(1.0, abs=1e-5)
+    only_b = index.search(vecs[7], k=3, accept=lambda e: e.tenant == "b")
+    assert [h.entry.tenant for h in only_b] == ["b"] * 3
+    assert index.search(vecs[7], accept=lambda e: False) == []
+
+
+def test_remove_and_replace():
+    index, vecs = _filled()
+    assert index.remove(["k7", "missing"]) == 1
+    assert index.search(vecs[7])[0].entry.key != "k7"
+    assert index.get("k7") is None and len(index) == 39
+    index.add(IndexEntry("k8", "z"), vecs[0])  # replacing moves k8's vector
+    assert index.search(vecs[0], k=2)[1].entry.key in ("k0", "k8")
+    assert index.get("k8").tenant == "z"
+    assert index.remove_where(lambda e: e.context == "0") > 0
+    assert all(h.entry.context != "0" for h in index.search(vecs[3], k=30))
+
+
+def test_switches_to_hnsw_past_threshold_and_back():
+    index, vecs = _filled(n=60, hnsw_threshold=50)
+    assert index.kind == "hnsw"
+    assert index.search(vecs[33])[0].entry.key == "k33"
+    index.remove([f"k{i}" for i in range(20)])
+    assert index.kind == "flat" and len(index) == 40
+    assert index.search(vecs[33])[0].entry.key == "k33"
+
+
+def test_persist_restore(tmp_path):
+    index, vecs = _filled(tmp_path / "ix" / "text")
+    index.remove(["k3"])
+    index.save()
+    again = VectorIndex(16, tmp_path / "ix" / "text")
+    assert len(again) == 39 and again.get("k3") is None
+    assert again.search(vecs[5])[0].entry == index.get("k5")
+    assert len(list((tmp_path / "ix").glob("*.faiss"))) == 1
+
+
+def test_torn_or_foreign_files_start_empty(tmp_path):
+    index, _ = _filled(tmp_path / "text")
+    index.save()
+    blob = next(tmp_path.glob("*.faiss"))
+    blob.write_bytes(blob.read_bytes()[:100])
+    assert len(VectorIndex(16, tmp_path / "text")) == 0
+    (tmp_path / "text.json").write_text("{not json")
+    assert len(VectorIndex(16, tmp_path / "text")) == 0
+    assert len(VectorIndex(8, tmp_path / "other")) == 0

@@ -1,0 +1,82 @@
+"""Semantic text tiers with the real MiniLM: paraphrase hits, gates, context, restart."""
+
+from __future__ import annotations
+
+import pytest
+
+from vlmcache.embedders import Memoized, make_text_embedder, text_digest
+from vlmcache.tiers.semantic_text import (
+    PROMPT_LAYER,
+    QUESTION_LAYER,
+    SemanticTextTier,
+    TextQuery,
+    image_context,
+    strip_placeholders,
+)
+
+NS = "cd" * 32
+CTX = image_context(["img-a"])
+LAYERS = (PROMPT_LAYER, QUESTION_LAYER)
+
+
+@pytest.fixture(scope="module")
+def embedder():
+    return Memoized(make_text_embedder("minilm"), text_digest)
+
+
+def _tier(root, embedder, threshold=0.85, gate=True):
+    return SemanticTextTier(root, NS, embedder, {QUESTION_LAYER: threshold,
+                                                 PROMPT_LAYER: threshold}, gate)
+
+
+def _q(question, context=CTX, tenant=None):
+    return TextQuery(question, f"USER: <image>\n{question} ASSISTANT:", context, tenant)
+
+
+def test_strip_placeholders():
+    assert strip_placeholders("USER: <image>\nWhat? <|image_pad|> ASSISTANT:") == \
+        "USER: What? ASSISTANT:"
+
+
+def test_paraphrase_hits_and_unrelated_misses(tmp_path, embedder):
+    tier = _tier(tmp_path, embedder)
+    tier.record(_q("What color is the car?"))
+    found = tier.lookup(_q("Which colour is the vehicle?"), LAYERS)
+    assert found.match is not None and found.match.question == "What color is the car?"
+    assert found.match.prompt == "USER: <image>\nWhat color is the car? ASSISTANT:"
+    assert found.match.score >= 0.85
+    assert tier.lookup(_q("What is the weather today?"), LAYERS).match is None
+
+
+def test_other_image_or_tenant_misses(tmp_path, embedder):
+    tier = _tier(tmp_path, embedder)
+    tier.record(_q("What color is the car?"))
+    assert tier.lookup(_q("What color is the car?", image_context(["b"])), LAYERS).match is None
+    assert tier.lookup(_q("What color is the car?", tenant="acme"), LAYERS).match is None
+
+
+def test_gate_refuses_negation_and_colour(tmp_path, embedder):
+    tier = _tier(tmp_path, embedder)
+    tier.record(_q("Is there a red circle?"))
+    negated = tier.lookup(_q("Is there not a red circle?"), LAYERS)
+    assert negated.match is None and negated.scores[QUESTION_LAYER] >= 0.85
+    assert any("negated" in r for r in negated.refused)
+    assert tier.lookup(_q("Is there a blue circle?"), LAYERS).match is None
+    ungated = _tier(tmp_path / "ungated", embedder, gate=False)
+    ungated.record(_q("Is there a red circle?"))
+    assert ungated.lookup(_q("Is there not a red circle?"), LAYERS).match is not None
+
+
+def test_threshold_respected(tmp_path, embedder):
+    tier = _tier(tmp_path, embedder, threshold=0.99)
+    tier.record(_q("What color is the car?"))
+    found = tier.lookup(_q("Which colour is the vehicle?"), LAYERS)
+    assert found.match is None and 0.85 < found.scores[QUESTION_LAYER] < 0.99
+
+
+def test_indexes_survive_restart(tmp_path, embedder):
+    tier = _tier(tmp_path, embedder)
+    tier.record(_q("What color is the car?"))
+    tier.flush()
+    found = _tier(tmp_path, embedder).lookup(_q("Which colour is the vehicle?"), LAYERS)
+    assert found.match is not None
