@@ -212,6 +212,7 @@ class CachedLLM:
         hit_tier = res.hit_tier or ("kv" if statuses["kv_cache"] == "hit" else None)
         l0 = max((out.num_cached_tokens or 0) - kv.tokens_loaded, 0)
         latency, ttft = _timings(out, wall)
+        rw = res.rewrite
         return ReuseReport(
             request_id=str(out.request_id), hit_tier=hit_tier, statuses=statuses,
             similarity=res.similarity,
@@ -221,7 +222,11 @@ class CachedLLM:
             tokens_computed=max(n_prompt - kv.tokens_loaded - l0, 0),
             blocks_saved=kv.blocks_saved, load_failed_blocks=kv.load_failed_blocks,
             images_encoded=enc.computed if enc else 0, images_loaded=enc.loaded if enc else 0,
-            latency_s=latency, ttft_s=ttft, chunk_keys=kv.chunk_keys)
+            latency_s=latency, ttft_s=ttft, chunk_keys=kv.chunk_keys,
+            canonical_question=rw.canonical_question if rw else None,
+            canonical_images=rw.canonical_images if rw and res.images is not None else (),
+            image_similarity=rw.image_scores if rw and res.images is not None else (),
+            gate_refused=rw.refused if rw else ())
 
     def close(self) -> None:
         """Persist the similarity indexes and shut the engine down (the engine flushes the

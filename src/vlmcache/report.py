@@ -90,6 +90,11 @@ class ReuseReport:
         load_failed_blocks: blocks that failed to load (corrupt/evicted) and were recomputed.
         images_encoded: images that went through the vision encoder.
         images_loaded: images whose encoder output came from the store (L1.5).
+        canonical_question: the cached question a paraphrase was rewritten to (L1).
+        canonical_images: content hashes of the canonical images sent instead of the
+            request's own (L2 vision); empty when the images were sent as they were.
+        image_similarity: the score of each canonical image's match.
+        gate_refused: similarity hits the paraphrase gate refused, with the reason.
         latency_s: request latency (engine queue to last token).
         ttft_s: time to first token, where vLLM reports it.
     """
@@ -108,6 +113,10 @@ class ReuseReport:
     latency_s: float
     images_encoded: int = 0
     images_loaded: int = 0
+    canonical_question: str | None = None
+    canonical_images: tuple[str, ...] = ()
+    image_similarity: tuple[float, ...] = ()
+    gate_refused: tuple[str, ...] = ()
     ttft_s: float | None = None
     chunk_keys: tuple[str, ...] = field(default=(), repr=False)
 
@@ -121,8 +130,9 @@ class ReuseReport:
         ordered = [n for n in STATUS_ORDER if n in self.statuses]
         ordered += [n for n in self.statuses if n not in ordered]
         statuses = ", ".join(f"{n}={self.statuses[n]}" for n in ordered)
-        return (f"[{self.request_id}] {head} | latency={self.latency_s:.3f}s | {statuses} "
-                f"| tokens loaded={self.tokens_loaded} prefix_cache="
+        score = f" score={self.similarity:.3f}" if self.similarity is not None else ""
+        return (f"[{self.request_id}] {head}{score} | latency={self.latency_s:.3f}s | "
+                f"{statuses} | tokens loaded={self.tokens_loaded} prefix_cache="
                 f"{self.tokens_from_prefix_cache} computed={self.tokens_computed}"
                 f"/{self.prompt_tokens}")
 
@@ -135,4 +145,8 @@ class ReuseReport:
                 "tokens_computed": self.tokens_computed, "blocks_saved": self.blocks_saved,
                 "load_failed_blocks": self.load_failed_blocks,
                 "images_encoded": self.images_encoded, "images_loaded": self.images_loaded,
+                "canonical_question": self.canonical_question,
+                "canonical_images": list(self.canonical_images),
+                "image_similarity": list(self.image_similarity),
+                "gate_refused": list(self.gate_refused),
                 "latency_s": self.latency_s, "ttft_s": self.ttft_s}

@@ -62,6 +62,8 @@ def test_paraphrase_hits_l1_and_answers_as_the_cached_question(sem):
     assert out.report.canonical_prompt == TINY_LLAVA_PROMPT.format(question=QUESTION)
     assert out.rewrite.canonical_question == QUESTION and out.rewrite.question_score >= 0.85
     assert out.report.similarity == out.rewrite.question_score
+    assert out.report.canonical_question == QUESTION and out.report.canonical_images == ()
+    assert f"score={out.report.similarity:.3f}" in out.report.log_line()
     assert out.token_ids == first.token_ids
     assert _reused(out.report) >= 0.9 * out.report.prompt_tokens
     assert "semantic_text=hit" in out.report.log_line()
@@ -76,6 +78,8 @@ def test_near_duplicate_image_hits_l2_and_reuses_canonical_caches(sem):
     assert out.report.hit_tier == "embedding:vision", out.report.log_line()
     assert out.rewrite.canonical_images == (image_content_hash(image),)
     assert 0.85 <= out.rewrite.image_scores[0] < 1.0
+    assert out.report.canonical_images == (image_content_hash(image),)
+    assert out.report.image_similarity == out.rewrite.image_scores
     assert out.token_ids == first.token_ids
     assert _reused(out.report) >= 0.9 * out.report.prompt_tokens
     # the same shifted picture, tiers off: computed from scratch on its own pixels
