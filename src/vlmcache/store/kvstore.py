@@ -1,7 +1,7 @@
-"""The KV chunk store of a deployment, shared per process.
+"""The chunk stores of a deployment (KV blocks, encoder outputs), shared per process.
 
-One :class:`TieredStore` per store directory per process (:func:`shared_kv_store`), so the
-scheduler-side and worker-side connectors of one engine see the same memory tier.
+One :class:`TieredStore` per store directory per process, so the scheduler-side and
+worker-side connectors of one engine see the same memory tier.
 """
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import threading
 from pathlib import Path
+from typing import Callable
 
 from vlmcache.config import VlmCacheConfig
 from vlmcache.store.disk import DiskStore
@@ -18,6 +19,7 @@ from vlmcache.store.tiered import TieredStore
 logger = logging.getLogger(__name__)
 
 WRITE_BEHIND_MAX_BYTES = 1024**3
+ENCODER_WRITE_BEHIND_BYTES = 256 * 1024**2
 
 _registry: dict[Path, TieredStore] = {}
 _registry_lock = threading.Lock()
@@ -36,15 +38,33 @@ def open_kv_store(config: VlmCacheConfig) -> TieredStore:
     return TieredStore(memory, disk, name="kv", write_behind_bytes=behind)
 
 
-def shared_kv_store(config: VlmCacheConfig) -> TieredStore:
-    """The process-wide KV store of ``config.store_dir`` (opened on first use)."""
-    root = kv_store_dir(config).resolve()
+def open_encoder_store(config: VlmCacheConfig) -> TieredStore:
+    """A new memory-over-disk store for encoder outputs with ``config``'s budgets."""
+    memory = MemoryStore(config.encoder_memory_budget, name="encoder-memory")
+    disk = DiskStore(config.store_dir / "encoder", config.encoder_disk_budget,
+                     name="encoder-disk")
+    behind = ENCODER_WRITE_BEHIND_BYTES if config.disk_write == "async" else 0
+    return TieredStore(memory, disk, name="encoder", write_behind_bytes=behind)
+
+
+def _shared(root: Path, open_store: Callable[[], TieredStore]) -> TieredStore:
     with _registry_lock:
         store = _registry.get(root)
         if store is None:
-            store = open_kv_store(config)
+            store = open_store()
             _registry[root] = store
         return store
+
+
+def shared_kv_store(config: VlmCacheConfig) -> TieredStore:
+    """The process-wide KV store of ``config.store_dir`` (opened on first use)."""
+    return _shared(kv_store_dir(config).resolve(), lambda: open_kv_store(config))
+
+
+def shared_encoder_store(config: VlmCacheConfig) -> TieredStore:
+    """The process-wide encoder-output store of ``config.store_dir``."""
+    return _shared((config.store_dir / "encoder").resolve(),
+                   lambda: open_encoder_store(config))
 
 
 def close_shared_stores() -> None:

@@ -22,9 +22,7 @@ from vllm.distributed.ec_transfer.ec_connector.base import (
 )
 
 from vlmcache.config import VlmCacheConfig
-from vlmcache.store.disk import DiskStore
-from vlmcache.store.memory import MemoryStore
-from vlmcache.store.tiered import TieredStore
+from vlmcache.store.kvstore import shared_encoder_store
 from vlmcache.vllm.encoder_plan import EncoderLoad, EncoderPlanner, EncoderTransfer
 from vlmcache.vllm.namespace import namespace_for_engine
 
@@ -34,21 +32,6 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 PARAMS_KEY = "vlmcache"
-_stores: dict[str, TieredStore] = {}
-
-
-def shared_encoder_store(config: VlmCacheConfig) -> TieredStore:
-    """The process-wide encoder-output store of ``config.store_dir``."""
-    root = str((config.store_dir / "encoder").resolve())
-    store = _stores.get(root)
-    if store is None:
-        memory = MemoryStore(config.encoder_memory_budget, name="encoder-memory")
-        disk = DiskStore(config.store_dir / "encoder", config.encoder_disk_budget,
-                         name="encoder-disk")
-        behind = 256 * 1024**2 if config.disk_write == "async" else 0
-        store = _stores.setdefault(root, TieredStore(memory, disk, name="encoder",
-                                                     write_behind_bytes=behind))
-    return store
 
 
 @dataclass
