@@ -71,3 +71,18 @@ def test_yaml_errors_are_config_errors(tmp_path):
 def test_store_dir_expands_user(monkeypatch):
     monkeypatch.setenv("HOME", "/home/someone")
     assert str(VlmCacheConfig(store_path="~/c").store_dir) == "/home/someone/c"
+
+
+def test_disk_budget_zero_means_memory_only_and_other_budgets_stay_positive():
+    from vlmcache.config import VlmCacheConfig
+    from vlmcache.errors import ConfigError
+    from vlmcache.store.kvstore import open_kv_store
+
+    cfg = VlmCacheConfig.from_extra_config({"disk_budget": 0, "store_path": "/nonexistent/x"})
+    assert cfg.disk_budget == 0
+    store = open_kv_store(cfg)
+    assert store.disk is None and store.writer is None
+    import pytest
+
+    with pytest.raises(ConfigError, match="memory_budget: must be a positive"):
+        VlmCacheConfig.from_dict({"memory_budget": 0})

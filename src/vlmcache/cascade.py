@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Sequence
 
 from vlmcache.tiers.exact import ExactRecord, ExactTextTier
+from vlmcache.tiers.gates import check_paraphrase
 from vlmcache.tiers.image_embedding import ImageEmbeddingTier
 from vlmcache.tiers.semantic_text import (
     PROMPT_LAYER,
@@ -87,6 +88,29 @@ class Resolution:
 
 
 @dataclass(frozen=True)
+class Candidates:
+    """The best similarity candidates of a request, whatever their scores.
+
+    ``image_score``/``image_canonical``: the best same-tenant canonical image (its content
+    hash); an image that is itself canonical is its own candidate at 1.0. With several
+    images, the lowest of their best scores and the first image's canonical (all of them in
+    ``image_canonicals``); ``None`` when an image has no candidate. ``text_*``: the best of
+    the prompt and question layers, about the canonical images if the image tier would
+    canonicalize them (every best score at or above its threshold, as :meth:`Cascade.resolve`
+    decides), else about the request's own. ``gate_refused``: the paraphrase gate's verdict
+    on that text candidate, whether or not the tier has the gate on (``False`` without one).
+    """
+
+    image_score: float | None
+    image_canonical: str | None
+    text_score: float | None
+    text_question: str | None
+    text_prompt: str | None
+    gate_refused: bool
+    image_canonicals: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class _Canonical:
     hashes: tuple[str, ...]
     images: tuple[Any, ...]
@@ -136,6 +160,35 @@ class Cascade:
         return Resolution(req.prompt, None, None, statuses, None, canon.hashes, None,
                           Rewrite("", req.prompt, refused=found.refused) if found.refused
                           else None)
+
+    def best_candidates(self, prompt: str, image_hashes: Sequence[str], tenant: str | None,
+                        *, images: Sequence[Any] = (),
+                        question: str | None = None) -> Candidates:
+        """The best image and text candidates, ignoring thresholds and the gate.
+
+        For threshold sweeps: no side effects besides the embedding memo (no pixels
+        loaded, no stale entries removed). The exact tier is not consulted.
+        """
+        req = CascadeRequest(prompt, tuple(image_hashes), tenant, tuple(images), question)
+        canon: tuple[str, ...] = ()
+        score = None
+        if self.image is not None and req.images:
+            found = [self.image.best(im, h, req.tenant)
+                     for im, h in zip(req.images, req.image_hashes)]
+            if all(m is not None for m in found):
+                canon = tuple(m.canonical_hash for m in found if m is not None)
+                score = min(m.score for m in found if m is not None)
+        hit = score is not None and self.image is not None and score >= self.image.threshold
+        context = canon if hit else req.image_hashes
+        text = None
+        if self.text is not None:
+            text = self.text.best(TextQuery(req.question_text, req.prompt,
+                                            image_context(context), req.tenant),
+                                  (PROMPT_LAYER, QUESTION_LAYER))
+        refused = text is not None and not check_paraphrase(req.question_text, text.question).ok
+        return Candidates(score, canon[0] if canon else None,
+                          text.score if text else None, text.question if text else None,
+                          text.prompt if text else None, refused, canon)
 
     def capture(self, prompt: str, image_hashes: Sequence[str], tenant: str | None,
                 chunk_keys: Sequence[str], prompt_tokens: int) -> None:

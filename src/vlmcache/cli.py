@@ -4,6 +4,8 @@
     vlmcache verify --store ~/.cache/vlmcache      # reads every chunk, drops corrupt ones
     vlmcache clear  --store ~/.cache/vlmcache --yes
     vlmcache config [--file vlmcache.yaml]         # the effective config, validated
+    vlmcache bench  [--dataset easy-vqa] [--modes all] [--out vlmcache-bench]
+                                                   # every mode side by side (see bench.run)
 """
 
 from __future__ import annotations
@@ -77,6 +79,12 @@ def cmd_config(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_bench(args: argparse.Namespace) -> int:
+    from vlmcache.bench.run import main as bench_main
+
+    return bench_main(args, args.argv)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="vlmcache", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -93,11 +101,21 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("config", help="print the effective, validated config")
     p.add_argument("--file", help="a YAML config file")
     p.set_defaults(func=cmd_config)
+    from vlmcache.bench.run import add_arguments
+
+    p = sub.add_parser("bench", help="benchmark every mode side by side on a VQA dataset",
+                       description="Replays one request list (zipfian repeats, paraphrases, "
+                       "near-duplicate frames, a restart, tenants) through vLLM alone, vLLM's "
+                       "offloading and each vlmcache tier; writes JSON, Markdown and a plot.")
+    add_arguments(p)
+    p.set_defaults(func=cmd_bench)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    raw = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser().parse_args(raw)
+    args.argv = raw[1:]
     try:
         return int(args.func(args))
     except VlmCacheError as exc:

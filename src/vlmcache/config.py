@@ -36,7 +36,7 @@ def parse_bytes(value: object, key: str) -> int:
         n = int(float(m.group(1)) * _SIZE_UNITS[unit])
     else:
         raise ConfigError(f"{key}: expected a byte size such as 4GiB or 500MB, got {value!r}")
-    if n <= 0:
+    if n < 0 or (n == 0 and key != "disk_budget"):  # disk_budget 0: memory only
         raise ConfigError(f"{key}: must be a positive byte size, got {value!r}")
     return n
 
@@ -48,7 +48,7 @@ class VlmCacheConfig:
     Attributes:
         store_path: directory of the persistent store (chunks, manifests, tier indexes).
         memory_budget: bytes of CPU memory the in-memory chunk tier may hold.
-        disk_budget: bytes the on-disk chunk tier may hold.
+        disk_budget: bytes the on-disk chunk tier may hold; 0 keeps KV in memory only.
         disk_write: ``"async"`` writes chunks to disk behind the request (default);
             ``"sync"`` finishes the write before the step returns.
         block_size: KV block size in tokens passed to vLLM; ``None`` keeps vLLM's default.
@@ -185,8 +185,10 @@ def _validate(cfg: VlmCacheConfig) -> None:
     for f in dataclasses.fields(cfg):
         _check_type(f.name, getattr(cfg, f.name), hints[f.name])
     for key in _BYTE_KEYS:
-        if getattr(cfg, key) <= 0:
-            raise ConfigError(f"{key}: must be a positive byte size, got {getattr(cfg, key)}")
+        low = 0 if key == "disk_budget" else 1  # disk_budget 0: no disk tier (memory only)
+        if getattr(cfg, key) < low:
+            raise ConfigError(f"{key}: must be a {'non-negative' if low == 0 else 'positive'} "
+                              f"byte size, got {getattr(cfg, key)}")
     if cfg.block_size is not None and (cfg.block_size <= 0 or cfg.block_size % 16):
         raise ConfigError(
             f"block_size: must be a positive multiple of 16 (the CPU backend needs a "

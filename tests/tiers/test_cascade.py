@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from vlmcache.cascade import STATUS_ORDER, Cascade, CascadeRequest
+from vlmcache.cascade import STATUS_ORDER, Candidates, Cascade, CascadeRequest
 from vlmcache.tiers.exact import ExactRecord
 from vlmcache.tiers.image_embedding import ImageMatch
 from vlmcache.tiers.semantic_text import (
@@ -10,6 +10,7 @@ from vlmcache.tiers.semantic_text import (
     QUESTION_LAYER,
     TextLookup,
     TextMatch,
+    image_context,
 )
 
 PROMPT = "USER: <image>\nWhat color is the car? ASSISTANT:"
@@ -26,8 +27,14 @@ class FakeExact:
 
 
 class FakeImage:
+    threshold = 0.85
+
     def __init__(self, canon):
         self.canon, self.recorded = dict(canon), []
+
+    def best(self, image, h, tenant):
+        c = self.canon.get(h)
+        return None if c is None else ImageMatch(c[0], c[1], None)
 
     def lookup(self, image, h, tenant):
         c = self.canon.get(h)
@@ -44,6 +51,10 @@ class FakeText:
     def lookup(self, query, layers):
         self.queries.append((query, tuple(layers)))
         return TextLookup(self.match, {})
+
+    def best(self, query, layers):
+        self.queries.append((query, tuple(layers)))
+        return self.match
 
     def record(self, query):
         self.recorded.append(query)
@@ -109,3 +120,70 @@ def test_image_only_hit_keeps_question_and_miss_is_remembered():
 def test_no_tiers_configured():
     res = Cascade(None).resolve(PROMPT, (), None)
     assert res.hit_tier is None and res.statuses == {"exact_text": "skip"}
+
+
+def test_best_candidates_with_fakes_ignore_thresholds():
+    match = TextMatch(QUESTION_LAYER, "Is there no car?", "USER: <image>\nIs there no car?", 0.6)
+    text = FakeText(match)
+    cascade = Cascade(FakeExact({}), FakeImage({"b": ("a", 0.93), "c": ("a", 0.4)}), text)
+    near = cascade.best_candidates(PROMPT, ("b",), "t", images=("B",), question="Is there a car?")
+    assert near == Candidates(0.93, "a", 0.6, "Is there no car?", match.prompt, True, ("a",))
+    assert text.queries[-1][0].context == image_context(("a",))  # canonical: 0.93 >= 0.85
+    far = cascade.best_candidates(PROMPT, ("c",), "t", images=("C",), question="Is there no car?")
+    assert far.image_score == 0.4 and far.image_canonical == "a" and not far.gate_refused
+    assert text.queries[-1][0].context == image_context(("c",))  # below threshold: own images
+    none = Cascade(None, FakeImage({}), FakeText()).best_candidates(PROMPT, ("z",), None,
+                                                                     images=("Z",))
+    assert none == Candidates(None, None, None, None, None, False)
+
+
+def test_best_candidates_with_real_tiers_have_no_side_effects(tmp_path):
+    from vlmcache.embedders import Memoized, text_digest
+    from vlmcache.embedders.image import PerceptualHashEmbedder
+    from vlmcache.keys import image_content_hash
+    from vlmcache.store.memory import MemoryStore
+    from vlmcache.store.tiered import TieredStore
+    from vlmcache.testing.tiny_llava import make_test_image
+    from vlmcache.tiers.image_embedding import ImageEmbeddingTier
+    from vlmcache.tiers.semantic_text import SemanticTextTier, TextQuery
+
+    store = TieredStore(MemoryStore(10 * 224 * 224 * 3), None)
+    image = ImageEmbeddingTier(tmp_path / "img", "ab" * 32,
+                               Memoized(PerceptualHashEmbedder(), image_content_hash), store, 0.99)
+    thresholds = {QUESTION_LAYER: 0.99, PROMPT_LAYER: 0.99}
+    text = SemanticTextTier(tmp_path / "txt", "ab" * 32, Memoized(_BagOfWords(), text_digest),
+                            thresholds)
+    a, b = make_test_image(1), make_test_image(2)
+    ha, hb = image_content_hash(a), image_content_hash(b)
+    image.record(a, ha, None)
+    text.record(TextQuery("is there a red circle?", "USER: <image>\nis there a red circle?",
+                          image_context((ha,)), None))
+    cascade = Cascade(None, image, text)
+    own = cascade.best_candidates(PROMPT, (ha,), None, images=(a,),
+                                  question="is there a blue circle?")
+    assert own.image_score == 1.0 and own.image_canonical == ha
+    assert own.text_question == "is there a red circle?" and 0 < own.text_score < 0.99
+    assert own.gate_refused and own.text_prompt == "USER: <image>\nis there a red circle?"
+    other = cascade.best_candidates(PROMPT, (hb,), None, images=(b,), question="is there a circle?")
+    assert other.image_canonical == ha and other.image_score < 0.99
+    assert other.text_score is None  # b is not canonicalized: its own context has no entry
+    assert cascade.best_candidates(PROMPT, (hb,), "acme", images=(b,)).image_score is None
+    assert len(image.index) == 1 and len(text.indexes[QUESTION_LAYER]) == 1
+    assert text.thresholds == thresholds and text.gate and image.threshold == 0.99
+
+
+class _BagOfWords:
+    """A tiny deterministic text embedder: hashed word counts (no model load)."""
+
+    name, dim = "bow", 32
+
+    def embed(self, texts):
+        import zlib
+
+        import numpy as np
+
+        rows = np.zeros((len(texts), self.dim), np.float32)
+        for i, t in enumerate(texts):
+            for w in t.lower().replace("?", "").split():
+                rows[i, zlib.crc32(w.encode()) % self.dim] += 1.0
+        return rows / np.maximum(np.linalg.norm(rows, axis=1, keepdims=True), 1e-12)

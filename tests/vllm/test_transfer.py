@@ -24,8 +24,8 @@ class DictStore:
     def delete(self, key):
         return self.data.pop(key, None) is not None
 
-    def put(self, key, tensors):
-        self.data[key] = {k: v.clone() for k, v in tensors.items()}
+    def put(self, key, tensors, owned=False):
+        self.data[key] = dict(tensors) if owned else {k: v.clone() for k, v in tensors.items()}
         return True
 
 
@@ -89,3 +89,69 @@ def test_chunk_that_does_not_fit_is_refused(mutate, problem, caplog):
     failed = KVTransfer(PagedKV(caches(), NB), store).load([BlockTransfer("r", ("k",), (2,))])
     assert failed == {2}
     assert problem in caplog.text
+
+
+@pytest.mark.parametrize("layout,dim", [("blocks_first", 0), ("kv_first", 1)])
+def test_saved_chunks_are_views_of_one_buffer_and_load_in_runs(layout, dim):
+    from vlmcache.vllm.transfer import _runs
+
+    src_tensors = caches(layout)
+    store = DictStore()
+    KVTransfer(PagedKV(src_tensors, NB), store).save(
+        [BlockTransfer("r", ("a", "b", "c", "d"), (1, 2, 5, 9))])
+    name = next(iter(src_tensors))
+    parts = [store.data[k][name] for k in "abcd"]
+    # one buffer per layer, no per-block copies: adjacent parts coalesce into one view
+    assert len({p.untyped_storage().data_ptr() for p in parts}) == 1
+    assert len(_runs(parts, pinned=False)) == 1
+    mixed = [parts[0], parts[2], parts[3], parts[1]]  # out of order: loose, a view, loose
+    runs = _runs(mixed, pinned=False)
+    assert len(runs) == 3
+    assert torch.equal(torch.cat(runs, dim=0), torch.stack(mixed, dim=0))
+    assert all(p.is_contiguous() for p in parts)  # block-major host copies
+    dst_tensors = caches(layout, seed=3)
+    loader = KVTransfer(PagedKV(dst_tensors, NB), store)
+    assert loader.load([BlockTransfer("r", ("a", "c", "d", "b"), (0, 3, 4, 11))]) == set()
+    for key, src_id, dst_id in (("a", 1, 0), ("c", 5, 3), ("d", 9, 4), ("b", 2, 11)):
+        for n in dst_tensors:
+            assert torch.equal(dst_tensors[n].select(dim, dst_id),
+                               src_tensors[n].select(dim, src_id)), (key, n)
+
+
+def test_owned_chunks_survive_later_writes_to_the_kv_cache():
+    tensors = caches()
+    store = DictStore()
+    KVTransfer(PagedKV(tensors, NB), store).save([BlockTransfer("r", ("a",), (4,))])
+    name = next(iter(tensors))
+    expected = tensors[name][4].clone()
+    tensors[name][4].zero_()  # vLLM reuses the block for another request
+    assert torch.equal(store.data["a"][name], expected)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("layout,dim", [("blocks_first", 0), ("kv_first", 1)])
+def test_gpu_async_save_and_pinned_load_roundtrip(layout, dim):
+    from vlmcache.store.memory import MemoryStore
+    from vlmcache.store.tiered import TieredStore
+
+    src = {n: t.cuda() for n, t in caches(layout).items()}
+    dst = {n: t.cuda() for n, t in caches(layout, seed=4).items()}
+    store = TieredStore(MemoryStore(1 << 30))
+    ids = list(range(NB - 1))  # more than one pinned slab would need; fine either way
+    keys = tuple(f"{i:02x}" for i in ids)
+    saver = KVTransfer(PagedKV(src, NB, pinned_bytes=1 << 20), store)
+    saver.save([BlockTransfer("r", keys, tuple(ids))])
+    expected = {n: t.clone() for n, t in src.items()}
+    for t in src.values():
+        t.zero_()  # vLLM reuses the blocks right after the step
+    saver.flush()
+    assert saver.blocks_saved == len(ids)
+    chunk = store.get(keys[0])
+    assert all(v.is_pinned() for v in chunk.values())
+    loader = KVTransfer(PagedKV(dst, NB), store)
+    order = list(reversed(ids))
+    assert loader.load([BlockTransfer("r2", keys, tuple(order))]) == set()
+    torch.cuda.synchronize()
+    for n in dst:
+        for i, j in zip(ids, order):
+            assert torch.equal(dst[n].select(dim, j), expected[n].select(dim, i))

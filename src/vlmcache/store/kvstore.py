@@ -33,6 +33,8 @@ def kv_store_dir(config: VlmCacheConfig) -> Path:
 def open_kv_store(config: VlmCacheConfig) -> TieredStore:
     """A new memory-over-disk KV store with ``config``'s directory and budgets."""
     memory = MemoryStore(config.memory_budget, name="memory")
+    if config.disk_budget == 0:
+        return TieredStore(memory, None, name="kv")
     disk = DiskStore(kv_store_dir(config), config.disk_budget, name="disk")
     behind = min(config.memory_budget, WRITE_BEHIND_MAX_BYTES) if config.disk_write == "async" else 0
     return TieredStore(memory, disk, name="kv", write_behind_bytes=behind)

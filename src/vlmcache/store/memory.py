@@ -27,6 +27,14 @@ def snapshot_tensors(tensors: Tensors) -> dict[str, torch.Tensor]:
     return out
 
 
+def _owned_tensors(tensors: Tensors) -> dict[str, torch.Tensor]:
+    out = dict(tensors)
+    for name, tensor in out.items():
+        if not isinstance(tensor, torch.Tensor) or tensor.device.type != "cpu":
+            raise TypeError(f"owned chunk entry {name!r} must be a CPU tensor")
+    return out
+
+
 def notify_evicted(store: str, listeners: Iterable[EvictionListener], keys: Iterable[str]) -> None:
     """Call every listener for every evicted key; a listener's exception is logged, never raised."""
     listeners = list(listeners)
@@ -86,13 +94,17 @@ class MemoryStore:
             self._bytes_read += entry[1]
             return dict(entry[0])
 
-    def put(self, key: str, tensors: Tensors) -> bool:
-        """Store a copy of ``tensors``, evicting LRU chunks; ``False`` if larger than capacity."""
+    def put(self, key: str, tensors: Tensors, *, owned: bool = False) -> bool:
+        """Store a copy of ``tensors``, evicting LRU chunks; ``False`` if larger than capacity.
+
+        ``owned=True``: the caller hands over CPU tensors nobody else writes (e.g. views of a
+        pinned staging buffer); they are kept as they are, without a copy.
+        """
         nbytes = tensors_nbytes(tensors)
         if nbytes > self.capacity_bytes:
             logger.debug("%s: chunk %s (%d B) exceeds capacity", self.name, key, nbytes)
             return False
-        copies = snapshot_tensors(tensors)
+        copies = _owned_tensors(tensors) if owned else snapshot_tensors(tensors)
         with self._lock:
             old = self._entries.pop(key, None)
             if old is not None:

@@ -95,10 +95,13 @@ class TieredStore:
                 self._bytes_read += tensors_nbytes(tensors)
         return tensors
 
-    def put(self, key: str, tensors: Tensors) -> bool:
-        """Write to memory and through to disk; ``True`` if at least one tier kept the chunk."""
+    def put(self, key: str, tensors: Tensors, *, owned: bool = False) -> bool:
+        """Write to memory and through to disk; ``True`` if at least one tier kept the chunk.
+
+        ``owned``: see :meth:`MemoryStore.put` (the memory tier keeps the tensors uncopied).
+        """
         self._check(key)
-        kept = self.memory.put(key, tensors)
+        kept = self.memory.put(key, tensors, owned=owned)
         if self.writer is not None:
             kept = self.writer.submit(key, tensors) or kept
         elif self.disk is not None:

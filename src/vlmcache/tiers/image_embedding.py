@@ -39,7 +39,7 @@ class ImageMatch:
 
     canonical_hash: str
     score: float
-    image: Any  # PIL.Image.Image: the canonical pixels
+    image: Any  # PIL.Image.Image: the canonical pixels (None from ImageEmbeddingTier.best)
 
 
 def image_store_key(namespace_digest: str, tenant: str | None, content_hash: str) -> str:
@@ -104,6 +104,23 @@ class ImageEmbeddingTier:
                 self.index.remove([hit.entry.key])
                 continue
             return ImageMatch(hit.entry.context, hit.score, tensors_to_image(tensors))
+        return None
+
+    def best(self, image: Any, content_hash: str, tenant: str | None) -> ImageMatch | None:
+        """The best canonical image of ``tenant`` whatever its score (``image`` is ``None``).
+
+        Picks what :meth:`lookup` would at threshold -1: an image that is itself canonical
+        is its own candidate (score 1.0), and entries whose pixels are gone are passed
+        over. No side effects besides the embedding memo: pixels are not loaded and
+        stale entries are not removed.
+        """
+        own = image_store_key(self.namespace_digest, tenant, content_hash)
+        if self.index.get(own) is not None:
+            return ImageMatch(content_hash, 1.0, None)
+        vec = self.embedder.embed([image], [content_hash])[0]
+        for hit in self.index.search(vec, k=4, accept=lambda e: e.tenant == tenant):
+            if self.store.contains(hit.entry.key):
+                return ImageMatch(hit.entry.context, hit.score, None)
         return None
 
     def record(self, image: Any, content_hash: str, tenant: str | None) -> bool:

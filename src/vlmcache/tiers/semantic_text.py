@@ -22,7 +22,9 @@ import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
+
+import numpy as np
 
 from vlmcache.embedders.base import Memoized
 from vlmcache.index.faiss_index import IndexEntry, VectorIndex
@@ -105,15 +107,11 @@ class SemanticTextTier:
 
     def lookup(self, query: TextQuery, layers: Sequence[str]) -> TextLookup:
         """Best gated match over ``layers`` (ties go to the later layer, L1)."""
-        texts = {PROMPT_LAYER: strip_placeholders(query.prompt), QUESTION_LAYER: query.question}
-        vecs = dict(zip(layers, self.embedder.embed([texts[layer] for layer in layers])))
+        vecs = self._vectors(query, layers)
+        accept = _same_scope(query)
         best: TextMatch | None = None
         scores: dict[str, float] = {}
         refused: list[str] = []
-
-        def accept(e: IndexEntry) -> bool:
-            return e.tenant == query.tenant and e.context == query.context
-
         for layer in layers:
             for hit in self.indexes[layer].search(vecs[layer], k=4, accept=accept):
                 scores[layer] = max(scores.get(layer, -1.0), hit.score)
@@ -128,6 +126,21 @@ class SemanticTextTier:
                     best = TextMatch(layer, cached_q, hit.entry.text, hit.score)
                 break
         return TextLookup(best, scores, tuple(refused))
+
+    def best(self, query: TextQuery, layers: Sequence[str]) -> TextMatch | None:
+        """The best same-tenant, same-context entry over ``layers``, whatever its score.
+
+        Thresholds and the gate are ignored (ties go to the later layer, as in
+        :meth:`lookup`). No side effects besides the embedding memo.
+        """
+        vecs = self._vectors(query, layers)
+        best: TextMatch | None = None
+        for layer in layers:
+            for hit in self.indexes[layer].search(vecs[layer], k=1, accept=_same_scope(query)):
+                if best is None or hit.score >= best.score:
+                    best = TextMatch(layer, json.loads(hit.entry.aux)["question"],
+                                     hit.entry.text, hit.score)
+        return best
 
     def record(self, query: TextQuery) -> None:
         """Remember ``query`` as a canonical question/prompt for its context."""
@@ -153,7 +166,17 @@ class SemanticTextTier:
         if dirty >= SAVE_EVERY or time.monotonic() - self._last_save >= SAVE_INTERVAL_S:
             self.flush()
 
+    def _vectors(self, query: TextQuery, layers: Sequence[str]) -> dict[str, np.ndarray]:
+        """One (memoized) embedding per layer: the stripped prompt or the question."""
+        texts = {PROMPT_LAYER: strip_placeholders(query.prompt), QUESTION_LAYER: query.question}
+        return dict(zip(layers, self.embedder.embed([texts[layer] for layer in layers])))
+
     def _key(self, layer: str, text: str, query: TextQuery) -> str:
         payload = json.dumps([self.namespace_digest, layer, query.tenant, query.context,
                               normalize_prompt(text)])
         return hashlib.sha256(payload.encode()).hexdigest()
+
+
+def _same_scope(query: TextQuery) -> Callable[[IndexEntry], bool]:
+    """Index filter: entries of the query's tenant about the query's images."""
+    return lambda e: e.tenant == query.tenant and e.context == query.context

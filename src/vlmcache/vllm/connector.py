@@ -14,6 +14,7 @@ This class only translates between vLLM's objects and :class:`~vlmcache.vllm.pla
 from __future__ import annotations
 
 import logging
+import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -61,6 +62,21 @@ def request_view(request: "Request") -> RequestView:
                        bypass=bypass)
 
 
+#: GIL hand-over interval (s) in a GPU engine process running vlmcache's background threads.
+GIL_SWITCH_INTERVAL_S = 0.0005
+
+
+def _shorten_gil_switch_interval() -> None:
+    """The store's background threads (async saves, disk write-behind) run Python between
+    their copies; with the default 5 ms interval the engine's step loop, which gives the
+    GIL up at every CUDA sync, waits up to 5 ms each time to get it back (the convoy
+    effect), which showed as +15-50 ms per request on an H200. A short interval bounds it."""
+    if sys.getswitchinterval() > GIL_SWITCH_INTERVAL_S:
+        logger.info("vlmcache: GIL switch interval %.1f ms -> %.1f ms",
+                    sys.getswitchinterval() * 1e3, GIL_SWITCH_INTERVAL_S * 1e3)
+        sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
+
+
 class VlmCacheConnector(KVConnectorBase_V1):
     """The vlmcache KV connector (``kv_role="kv_both"``)."""
 
@@ -96,8 +112,12 @@ class VlmCacheConnector(KVConnectorBase_V1):
 
     def register_kv_caches(self, kv_caches: dict[str, Any]) -> None:
         num_blocks = compat.num_kv_blocks(self._kv_cache_config, kv_caches)
-        paged = PagedKV(kv_caches, num_blocks, compat.block_dim_hint())
+        # pinned host memory for the memory tier, allocated once (a GPU only)
+        paged = PagedKV(kv_caches, num_blocks, compat.block_dim_hint(),
+                        pinned_bytes=self._config.memory_budget)
         self._transfer = KVTransfer(paged, self._store)
+        if paged.on_gpu:
+            _shorten_gil_switch_interval()
         logger.info("vlmcache: %d KV layers, %d blocks, %d bytes per block",
                     len(paged.layers), num_blocks, paged.bytes_per_block())
 
@@ -123,6 +143,7 @@ class VlmCacheConnector(KVConnectorBase_V1):
             return
         self._transfer.save(plan.saves)
         if self._config.disk_write == "sync":
+            self._transfer.flush()
             self._store.flush()
 
     def get_block_ids_with_load_errors(self) -> set[int]:
@@ -130,6 +151,8 @@ class VlmCacheConnector(KVConnectorBase_V1):
         return failed
 
     def shutdown(self) -> None:
+        if self._transfer is not None:
+            self._transfer.flush()
         self._store.flush()
 
     def _step_plan(self) -> StepPlan | None:

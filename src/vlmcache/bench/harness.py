@@ -1,0 +1,235 @@
+"""Replays a benchmark's requests through one mode's engine and records each outcome.
+
+Runs in its own process per mode (``python -m vlmcache.bench.harness SPEC MODE OUT``) so
+modes share nothing but the request list, which every process rebuilds from the same
+:class:`BenchSpec`. Prints ``progress i n`` lines for the parent's progress bar and writes
+one :class:`~vlmcache.bench.types.RequestResult` JSON per line.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from vlmcache.bench.modes import MODES, Mode
+from vlmcache.bench.types import BenchRequest, RequestResult
+
+logger = logging.getLogger(__name__)
+
+BUILTIN_MODEL = "builtin:tiny-vqa"
+
+
+@dataclass(frozen=True)
+class BenchSpec:
+    """Everything that decides a run's requests and engine settings (JSON round-trips)."""
+
+    dataset: str = "easy-vqa"
+    image_dir: str | None = None
+    limit: int | None = 400
+    workloads: tuple[str, ...] = ()
+    n: int = 200
+    seed: int = 0
+    tenants: int = 2
+    model: str = BUILTIN_MODEL
+    model_dir: str = ".cache/tiny-vqa"
+    prompt_template: str | None = None
+    max_tokens: int = 4
+    threshold: float = 0.85
+    store_root: str = ""
+    offload_gib: float = 1.0
+    engine: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=1)
+
+    @classmethod
+    def from_json(cls, text: str) -> "BenchSpec":
+        data = json.loads(text)
+        data["workloads"] = tuple(data.get("workloads", ()))
+        return cls(**data)
+
+
+def build_requests(spec: BenchSpec) -> list[BenchRequest]:
+    """The run's requests, identical in every process for the same ``spec``."""
+    from vlmcache.bench.datasets import load_dataset
+    from vlmcache.bench.workloads import DEFAULT_WORKLOADS
+    from vlmcache.bench.workloads import build_requests as build
+
+    samples = load_dataset(spec.dataset, limit=spec.limit,
+                           image_dir=Path(spec.image_dir) if spec.image_dir else None)
+    return build(samples, spec.workloads or DEFAULT_WORKLOADS, spec.n, spec.seed,
+                 tenants=spec.tenants)
+
+
+def model_path(spec: BenchSpec) -> str:
+    """The model directory (the built-in tiny-vqa model is assembled on first use)."""
+    if spec.model != BUILTIN_MODEL:
+        return spec.model
+    from vlmcache.models.tiny_vqa import build_tiny_vqa
+
+    return str(build_tiny_vqa(spec.model_dir))
+
+
+def prompt_format(spec: BenchSpec) -> tuple[Callable[[str], str], Callable[[str], str]]:
+    """(question -> prompt, output text -> normalized answer) for the spec's model."""
+    if spec.prompt_template is None:
+        if spec.model != BUILTIN_MODEL:
+            raise ValueError("--prompt-template is needed for a model other than the built-in")
+        from vlmcache.models.tiny_vqa import make_prompt, normalize_answer
+
+        return make_prompt, normalize_answer
+    template = spec.prompt_template
+    return (lambda q: template.format(question=q)), normalize_text
+
+
+def normalize_text(text: str) -> str:
+    """Lower case, no surrounding punctuation or articles: how answers are compared."""
+    text = re.sub(r"[^\w\s]", " ", text.strip().lower())
+    return " ".join(w for w in text.split() if w not in ("a", "an", "the"))
+
+
+def engine_args(spec: BenchSpec, mode: Mode) -> dict[str, Any]:
+    """Shared engine settings plus the mode's own (prefix caching, offloading)."""
+    args: dict[str, Any] = {"max_model_len": 512, "enforce_eager": True,
+                            "limit_mm_per_prompt": {"image": 1}, "seed": 0}
+    if spec.model == BUILTIN_MODEL:
+        args.update({"dtype": "float32", "block_size": 32})
+    if not _has_gpu():
+        args["gpu_memory_utilization"] = 0.3
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    args.update(spec.engine)
+    args.update(mode.engine_overrides(spec.offload_gib))
+    return args
+
+
+def _has_gpu() -> bool:
+    try:
+        import torch
+
+        return torch.cuda.is_available()
+    except ImportError:
+        return False
+
+
+def cache_config(spec: BenchSpec, mode: Mode) -> Any:
+    """The mode's :class:`VlmCacheConfig` on this run's store (shared across restarts)."""
+    from vlmcache.config import VlmCacheConfig
+
+    store = Path(spec.store_root) / mode.name.replace(":", "-")
+    block = 32 if spec.model == BUILTIN_MODEL else spec.engine.get("block_size")
+    return VlmCacheConfig(store_path=str(store), block_size=block, log_requests=False,
+                          image_threshold=spec.threshold, semantic_text_threshold=spec.threshold,
+                          prompt_threshold=spec.threshold, **mode.config_overrides())
+
+
+class ModeRunner:
+    """One mode's engine, restartable on the same store."""
+
+    def __init__(self, spec: BenchSpec, mode: Mode) -> None:
+        self.spec, self.mode = spec, mode
+        self.model = model_path(spec)
+        self.make_prompt, self.normalize = prompt_format(spec)
+        from vllm import SamplingParams
+
+        self.params = SamplingParams(temperature=0.0, max_tokens=spec.max_tokens)
+        self.llm = self._start()
+
+    def _start(self) -> Any:
+        from vlmcache.api import CachedLLM
+
+        return CachedLLM(self.model, cache_config(self.spec, self.mode),
+                         enabled=self.mode.vlmcache,
+                         engine_args=engine_args(self.spec, self.mode))
+
+    def restart(self) -> None:
+        """Close the engine (the store persists what it holds) and start a new one."""
+        self.llm.close()
+        self.llm = self._start()
+
+    def run(self, req: BenchRequest, after_restart: bool) -> RequestResult:
+        from vlmcache.api import VlmRequest
+
+        image = req.image.load()
+        vreq = VlmRequest(self.make_prompt(req.question), (image,), req.tenant, req.question)
+        candidates = self._candidates(vreq)
+        start = time.perf_counter()
+        out = self.llm.generate([vreq], self.params)[0]
+        wall_ms = (time.perf_counter() - start) * 1e3
+        rep = out.report
+        return RequestResult(
+            mode=self.mode.name, index=req.index, workload=req.workload, tenant=req.tenant,
+            image_id=req.image.id, question=req.question, answer_gt=req.answer,
+            output=self.normalize(out.text), latency_ms=round(wall_ms, 3),
+            ttft_ms=round(rep.ttft_s * 1e3, 3) if rep.ttft_s else None,
+            prompt_tokens=rep.prompt_tokens, tokens_loaded=rep.tokens_loaded,
+            tokens_prefix_cache=rep.tokens_from_prefix_cache,
+            tokens_computed=rep.tokens_computed, hit_tier=rep.hit_tier,
+            statuses=dict(rep.statuses), similarity=rep.similarity,
+            images_loaded=rep.images_loaded, images_encoded=rep.images_encoded,
+            after_restart=after_restart, log_line=rep.log_line(), candidates=candidates)
+
+    def _candidates(self, vreq: Any) -> dict[str, float]:
+        """Best similarity scores before the request runs (for the threshold sweep)."""
+        cascade = self.llm._cascade
+        finder = getattr(cascade, "best_candidates", None)
+        if finder is None or (cascade.image is None and cascade.text is None):
+            return {}
+        from vlmcache.keys import image_content_hash
+
+        found = finder(vreq.prompt, tuple(image_content_hash(im) for im in vreq.images),
+                       vreq.tenant, images=vreq.images, question=vreq.question)
+        scores = {"image": found.image_score, "text": found.text_score}
+        return {k: round(float(v), 4) for k, v in scores.items() if v is not None}
+
+    def close(self) -> None:
+        self.llm.close()
+
+
+def run_mode(spec: BenchSpec, mode_name: str, out: Path,
+             progress: Callable[[int, int], None] | None = None) -> None:
+    """Replay every request in ``mode_name``; one JSON result per line in ``out``."""
+    requests = build_requests(spec)
+    runner = ModeRunner(spec, MODES[mode_name])
+    try:
+        with out.open("w", encoding="utf-8") as f:
+            for i, req in enumerate(requests):
+                if req.restart_before:
+                    runner.restart()
+                result = runner.run(req, after_restart=req.restart_before)
+                f.write(json.dumps(result.to_json()) + "\n")
+                if progress is not None:
+                    progress(i + 1, len(requests))
+    finally:
+        runner.close()
+
+
+def read_results(path: Path) -> list[RequestResult]:
+    """The results a mode's process wrote."""
+    with path.open(encoding="utf-8") as f:
+        return [RequestResult.from_json(json.loads(line)) for line in f if line.strip()]
+
+
+def _print_progress(done: int, total: int) -> None:
+    print(f"progress {done} {total}", flush=True)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if len(args) != 3:
+        print("usage: python -m vlmcache.bench.harness SPEC.json MODE OUT.jsonl", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=logging.WARNING)
+    spec = BenchSpec.from_json(Path(args[0]).read_text())
+    run_mode(spec, args[1], Path(args[2]), _print_progress)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,75 @@
+"""The modes ``vlmcache bench`` compares: vLLM alone, vLLM's own offloading, vlmcache tiers.
+
+Every mode replays the same requests with the same engine settings; only what a mode names
+here differs. vLLM's prefix cache (L0) stays on under every vlmcache mode, as in serving.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from vlmcache.errors import ConfigError
+
+#: vlmcache config switches a mode may turn on; all others are off in that mode.
+TIER_SWITCHES = ("enable_exact", "enable_kv_load", "enable_kv_save", "enable_encoder_cache",
+                 "enable_image_embedding", "enable_semantic_text")
+
+
+@dataclass(frozen=True)
+class Mode:
+    """One way of serving the benchmark's requests."""
+
+    name: str
+    description: str
+    prefix_caching: bool = True
+    native_offload: bool = False
+    tiers: tuple[str, ...] = ()  # the TIER_SWITCHES this mode turns on (none: no vlmcache)
+
+    @property
+    def vlmcache(self) -> bool:
+        return bool(self.tiers)
+
+    def config_overrides(self) -> dict[str, bool]:
+        """``VlmCacheConfig`` switches for this mode (every tier named, on or off)."""
+        return {switch: switch in self.tiers for switch in TIER_SWITCHES}
+
+    def engine_overrides(self, offload_gib: float) -> dict[str, Any]:
+        """``vllm.LLM`` arguments this mode sets on top of the shared engine settings."""
+        args: dict[str, Any] = {"enable_prefix_caching": self.prefix_caching}
+        if self.native_offload:
+            args["kv_offloading_size"] = offload_gib
+        return args
+
+
+_KV = ("enable_exact", "enable_kv_load", "enable_kv_save")
+
+MODES: dict[str, Mode] = {m.name: m for m in (
+    Mode("no_cache", "vLLM, prefix caching off: every request computed", prefix_caching=False),
+    Mode("prefix_cache", "vLLM's own GPU/CPU-resident prefix cache only"),
+    Mode("native_offload", "vLLM's own KV offloading connector (kv_offloading_size)",
+         native_offload=True),
+    Mode("vlmcache:kv", "exact tier (L0.5) + persistent KV store", tiers=_KV),
+    Mode("vlmcache:encoder", "encoder-output tier (L1.5) alone",
+         tiers=("enable_encoder_cache",)),
+    Mode("vlmcache:image", "near-duplicate image tier (L2) alone: canonical image, then "
+         "vLLM's prefix cache", tiers=("enable_image_embedding",)),
+    Mode("vlmcache:text", "paraphrase tiers (L1, L2 prompt) alone: canonical question, then "
+         "vLLM's prefix cache", tiers=("enable_semantic_text",)),
+    Mode("vlmcache:all", "every vlmcache tier", tiers=TIER_SWITCHES),
+)}
+
+DEFAULT_MODES = tuple(MODES)
+BASELINE = "no_cache"
+
+
+def parse_modes(text: str) -> tuple[str, ...]:
+    """Mode names from a comma list (``all``: every mode); errors name the allowed ones."""
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    if names == ["all"]:
+        return DEFAULT_MODES
+    unknown = [n for n in names if n not in MODES]
+    if unknown or not names:
+        raise ConfigError(f"unknown mode(s) {unknown or text!r}; allowed: "
+                          f"{', '.join(MODES)} (or 'all')")
+    return tuple(dict.fromkeys(names))

@@ -1,0 +1,47 @@
+"""Lookup-latency benchmark at a tiny size (a hashed bag-of-words stands in for MiniLM)."""
+
+from __future__ import annotations
+
+import json
+import zlib
+
+import numpy as np
+
+from vlmcache.bench import lookup_latency
+
+
+class _BagOfWords:
+    """Deterministic 384-d text embedder (no model load)."""
+
+    name, dim = "bow", 384
+
+    def embed(self, texts):
+        rows = np.zeros((len(texts), self.dim), np.float32)
+        for i, t in enumerate(texts):
+            for w in t.lower().replace("?", "").split():
+                rows[i, zlib.crc32(w.encode()) % self.dim] += 1.0
+        return rows / np.maximum(np.linalg.norm(rows, axis=1, keepdims=True), 1e-12)
+
+
+def test_tiny_run_writes_every_field(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr("vlmcache.embedders.make_text_embedder", lambda name: _BagOfWords())
+    out = tmp_path / "lookup.json"
+    lookup_latency.main(["--entries", "500", "--queries", "3", "--hnsw-threshold", "200",
+                         "--out", str(out)])
+    record = json.loads(out.read_text())
+    for key in ("command", "device", "entries_per_tier", "indexes", "scenarios", "notes"):
+        assert key in record
+    assert record["command"].startswith("python benchmarks/lookup_latency.py --entries 500")
+    assert record["device"]["cores"] >= 1 and record["device"]["cpu"]
+    assert record["indexes"]["exact_text"]["entries"] == 500
+    assert all(v["kind"].startswith("HNSW") and v["entries"] > 500
+               for k, v in record["indexes"].items() if k != "exact_text")
+    for name in ("hit", "miss"):
+        scenario = record["scenarios"][name]
+        assert sum(scenario["hit_tiers"].values()) == 3
+        for row in lookup_latency.ROWS:
+            assert scenario[f"{row}_ms"]["p50"] > 0
+            assert scenario[f"{row}_ms"]["p90"] >= scenario[f"{row}_ms"]["p50"]
+    assert record["scenarios"]["hit"]["hit_tiers"].get("None", 0) < 3  # near-duplicates hit
+    assert record["scenarios"]["miss"]["hit_tiers"] == {"None": 3}
+    assert "resolve_fresh" in capsys.readouterr().out
