@@ -124,7 +124,9 @@ def _run_child(spec_path: Path, mode: str, rows: Path, bar: Any, timeout: int) -
         code = proc.wait()
     if code == 0:
         return None
-    found = _ERROR_LINE.findall(log.read_text(errors="replace"))
+    # the root cause, not vLLM's "Engine core initialization failed. See root cause above."
+    found = [line for line in _ERROR_LINE.findall(log.read_text(errors="replace"))
+             if "root cause above" not in line]
     return f"exit {code}: {(found or ['see log'])[-1][:300]} (log: {log})"
 
 
