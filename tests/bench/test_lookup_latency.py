@@ -3,28 +3,14 @@
 from __future__ import annotations
 
 import json
-import zlib
-
-import numpy as np
 
 from vlmcache.bench import lookup_latency
-
-
-class _BagOfWords:
-    """Deterministic 384-d text embedder (no model load)."""
-
-    name, dim = "bow", 384
-
-    def embed(self, texts):
-        rows = np.zeros((len(texts), self.dim), np.float32)
-        for i, t in enumerate(texts):
-            for w in t.lower().replace("?", "").split():
-                rows[i, zlib.crc32(w.encode()) % self.dim] += 1.0
-        return rows / np.maximum(np.linalg.norm(rows, axis=1, keepdims=True), 1e-12)
+from vlmcache.testing.text_embedder import HashedBagOfWords
 
 
 def test_tiny_run_writes_every_field(tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr("vlmcache.embedders.make_text_embedder", lambda name: _BagOfWords())
+    monkeypatch.setattr("vlmcache.embedders.make_text_embedder",
+                        lambda name: HashedBagOfWords(384))
     out = tmp_path / "lookup.json"
     lookup_latency.main(["--entries", "500", "--queries", "3", "--hnsw-threshold", "200",
                          "--out", str(out)])

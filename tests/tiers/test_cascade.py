@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from vlmcache.cascade import STATUS_ORDER, Candidates, Cascade, CascadeRequest
+from vlmcache.testing.text_embedder import HashedBagOfWords
 from vlmcache.tiers.exact import ExactRecord
 from vlmcache.tiers.image_embedding import ImageMatch
 from vlmcache.tiers.semantic_text import (
@@ -151,7 +152,7 @@ def test_best_candidates_with_real_tiers_have_no_side_effects(tmp_path):
     image = ImageEmbeddingTier(tmp_path / "img", "ab" * 32,
                                Memoized(PerceptualHashEmbedder(), image_content_hash), store, 0.99)
     thresholds = {QUESTION_LAYER: 0.99, PROMPT_LAYER: 0.99}
-    text = SemanticTextTier(tmp_path / "txt", "ab" * 32, Memoized(_BagOfWords(), text_digest),
+    text = SemanticTextTier(tmp_path / "txt", "ab" * 32, Memoized(HashedBagOfWords(32), text_digest),
                             thresholds)
     a, b = make_test_image(1), make_test_image(2)
     ha, hb = image_content_hash(a), image_content_hash(b)
@@ -170,20 +171,3 @@ def test_best_candidates_with_real_tiers_have_no_side_effects(tmp_path):
     assert cascade.best_candidates(PROMPT, (hb,), "acme", images=(b,)).image_score is None
     assert len(image.index) == 1 and len(text.indexes[QUESTION_LAYER]) == 1
     assert text.thresholds == thresholds and text.gate and image.threshold == 0.99
-
-
-class _BagOfWords:
-    """A tiny deterministic text embedder: hashed word counts (no model load)."""
-
-    name, dim = "bow", 32
-
-    def embed(self, texts):
-        import zlib
-
-        import numpy as np
-
-        rows = np.zeros((len(texts), self.dim), np.float32)
-        for i, t in enumerate(texts):
-            for w in t.lower().replace("?", "").split():
-                rows[i, zlib.crc32(w.encode()) % self.dim] += 1.0
-        return rows / np.maximum(np.linalg.norm(rows, axis=1, keepdims=True), 1e-12)

@@ -218,7 +218,6 @@ def headline(modes: dict[str, dict[str, Any]]) -> dict[str, float | None]:
             "nocache_batch_tok_s": get("vllm", "miss_batch", "prompt_tok_s"),
             "capture_batch_tok_s": get("vlmcache", "miss_batch", "prompt_tok_s"),
             "native_capture_batch_tok_s": get("native_offload", "miss_batch", "prompt_tok_s"),
-            "gpu_hit_batch_tok_s": None,
             "native_offload_hit_batch_tok_s": get("native_offload", "after_reset_batch",
                                                   "prompt_tok_s"),
             "vlmcache_cpu_hit_batch_tok_s": get("vlmcache", "after_reset_batch",

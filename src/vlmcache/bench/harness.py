@@ -178,12 +178,11 @@ class ModeRunner:
     def _candidates(self, vreq: Any) -> dict[str, float]:
         """Best similarity scores before the request runs (for the threshold sweep)."""
         cascade = self.llm._cascade
-        finder = getattr(cascade, "best_candidates", None)
-        if finder is None or (cascade.image is None and cascade.text is None):
+        if cascade.image is None and cascade.text is None:
             return {}
         from vlmcache.keys import image_content_hash
 
-        found = finder(vreq.prompt, tuple(image_content_hash(im) for im in vreq.images),
+        found = cascade.best_candidates(vreq.prompt, tuple(image_content_hash(im) for im in vreq.images),
                        vreq.tenant, images=vreq.images, question=vreq.question)
         scores = {"image": found.image_score, "text": found.text_score}
         return {k: round(float(v), 4) for k, v in scores.items() if v is not None}

@@ -157,17 +157,15 @@ def main(args: argparse.Namespace, argv: Sequence[str]) -> int:
 
 def _write_outputs(out: Path, argv: Sequence[str], spec: BenchSpec, requests: Sequence[Any],
                    results: dict[str, list[RequestResult]], summary: Any) -> None:
-    from vlmcache.bench.plots import plot_run
-    from vlmcache.bench.summary import to_json
-
     import vllm
+
+    from vlmcache.bench.plots import plot_run
+    from vlmcache.bench.summary import markdown_table, per_tier_table, to_json
 
     record = {"command": "vlmcache bench " + shlex.join(argv), "device": device_label(),
               "vllm_version": vllm.__version__, "spec": json.loads(spec.to_json()),
               "requests": len(requests), "summary": to_json(summary)}
     (out / "results.json").write_text(json.dumps(record, indent=1) + "\n")
-    from vlmcache.bench.summary import markdown_table, per_tier_table
-
     (out / "summary.md").write_text(
         f"# vlmcache bench\n\n- command: `{record['command']}`\n- device: {record['device']}\n"
         f"- vLLM {record['vllm_version']}; {len(requests)} requests per mode\n\n"

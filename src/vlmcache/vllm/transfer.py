@@ -63,6 +63,8 @@ class PagedKV:
                            for name, t in self.layers.items()}
         self.device = next(iter(self.layers.values())).device
         self._spec = self._compute_spec()
+        self._bytes_per_block = sum(t.element_size() * t.numel() // num_blocks
+                                    for t in self.layers.values())
         self._copy_stream: Any = None
         if self.on_gpu and pinned_bytes > 0:
             self._prewarm_pinned(pinned_bytes)
@@ -92,7 +94,7 @@ class PagedKV:
         return dict(self._spec)
 
     def bytes_per_block(self) -> int:
-        return sum(t.element_size() * t.numel() // self.num_blocks for t in self.layers.values())
+        return self._bytes_per_block
 
     @property
     def on_gpu(self) -> bool:
