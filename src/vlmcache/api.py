@@ -15,6 +15,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import logging
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,14 +26,11 @@ from vlmcache.config import VlmCacheConfig
 from vlmcache.errors import RequestError
 from vlmcache.keys import image_content_hash, image_uuid
 from vlmcache.report import EncoderReuse, KVReuse, ReuseReport
+from vlmcache.vllm.engine_config import engine_wiring
 from vlmcache.vllm.namespace import namespace_for_model
 
 logger = logging.getLogger(__name__)
 
-CONNECTOR_NAME = "VlmCacheConnector"
-CONNECTOR_MODULE = "vlmcache.vllm.connector"
-EC_CONNECTOR_NAME = "VlmCacheECConnector"
-EC_CONNECTOR_MODULE = "vlmcache.vllm.ec_connector"
 
 
 @dataclass(frozen=True)
@@ -121,22 +119,13 @@ class CachedLLM:
 
     def _start_engine(self, args: dict[str, Any]) -> Any:
         from vllm import LLM
-        from vllm.config import KVTransferConfig
 
+        if self.enabled:
+            wiring = engine_wiring(self.config, _device_type())
+            os.environ.update(wiring.env)  # before the engine's processes start
+            args.update(wiring.llm_kwargs(block_size=False))
         if self.config.block_size is not None:
             args.setdefault("block_size", self.config.block_size)
-        if self.enabled:
-            args["kv_transfer_config"] = KVTransferConfig(
-                kv_connector=CONNECTOR_NAME, kv_connector_module_path=CONNECTOR_MODULE,
-                kv_role="kv_both", kv_load_failure_policy="recompute",
-                kv_connector_extra_config=self.config.to_dict())
-        if self.enabled and self.config.enable_encoder_cache:
-            from vllm.config import ECTransferConfig
-
-            args["ec_transfer_config"] = ECTransferConfig(
-                ec_connector=EC_CONNECTOR_NAME, ec_connector_module_path=EC_CONNECTOR_MODULE,
-                ec_role="ec_both", ec_buffer_device=_device_type(),
-                ec_connector_extra_config=self.config.to_dict())
         return LLM(model=self.model, **args)
 
     def generate(self, requests: Sequence[VlmRequest | str], sampling_params: Any = None,
