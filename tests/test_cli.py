@@ -53,3 +53,33 @@ def test_config_validates_file(tmp_path, capsys):
     bad.write_text("disk_write: eventually\n")
     assert main(["config", "--file", str(bad)]) == 2
     assert "disk_write: must be one of ['async', 'sync']" in capsys.readouterr().err
+
+
+def test_serve_prints_a_wired_vllm_command(tmp_path, capsys):
+    model = tmp_path / "model"
+    model.mkdir()
+    cfg = tmp_path / "v.yaml"
+    cfg.write_text(f"store_path: {tmp_path / 'store'}\nblock_size: 32\n")
+    assert main(["serve", str(model), "--vlmcache-config", str(cfg), "--vlmcache-set",
+                 "enable_semantic_text=true", "--vlmcache-run-dir", str(tmp_path / "run"),
+                 "--vlmcache-print", "--max-model-len", "1024"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    argv, env = out["argv"], out["env"]
+    assert argv[1:3] == ["-m", "vllm.entrypoints.openai.api_server"]
+    assert argv[argv.index("--model") + 1] == str(model)
+    assert argv[argv.index("--middleware") + 1] == "vlmcache.serving.asgi.VlmCacheMiddleware"
+    assert "--kv-transfer-config" in argv and argv[-2:] == ["--max-model-len", "1024"]
+    front = json.loads(open(env["VLMCACHE_FRONT_CONFIG"]).read())
+    assert front["model"] == str(model) and front["config"]["enable_semantic_text"] is True
+    assert front["config"]["block_size"] == 32
+    logging_cfg = json.loads(open(env["VLLM_LOGGING_CONFIG_PATH"]).read())
+    assert logging_cfg["loggers"]["vlmcache"]["level"] == "INFO"
+
+
+def test_serve_refuses_bad_keys_and_wiring_flags(tmp_path, capsys):
+    assert main(["serve", str(tmp_path), "--vlmcache-set", "stor_path=/x",
+                 "--vlmcache-print"]) == 2
+    assert "stor_path" in capsys.readouterr().err
+    assert main(["serve", str(tmp_path), "--vlmcache-set", f"store_path={tmp_path}",
+                 "--vlmcache-print", "--kv-transfer-config", "{}"]) == 2
+    assert "--kv-transfer-config is set by vlmcache serve" in capsys.readouterr().err

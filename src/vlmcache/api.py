@@ -13,7 +13,6 @@ Example::
 from __future__ import annotations
 
 import copy
-import hashlib
 import logging
 import os
 import time
@@ -24,8 +23,8 @@ from typing import Any, Mapping, Sequence
 from vlmcache.cascade import Cascade, CascadeRequest, Resolution, Rewrite, build_cascade
 from vlmcache.config import VlmCacheConfig
 from vlmcache.errors import RequestError
-from vlmcache.keys import image_content_hash, image_uuid
-from vlmcache.report import EncoderReuse, KVReuse, ReuseReport
+from vlmcache.keys import image_content_hash, image_uuid, tenant_cache_salt
+from vlmcache.report import EncoderReuse, KVReuse, ReuseReport, build_report
 from vlmcache.vllm.engine_config import engine_wiring
 from vlmcache.vllm.namespace import namespace_for_model
 
@@ -65,8 +64,16 @@ class CachedOutput:
         return list(self.output.outputs[0].token_ids)
 
 
-def validate_request(req: VlmRequest | str, index: int) -> VlmRequest:
-    """A well-formed :class:`VlmRequest`, or :class:`RequestError` naming the problem."""
+DEFAULT_PLACEHOLDER = "<image>"
+
+
+def validate_request(req: VlmRequest | str, index: int,
+                     placeholder: str | None = DEFAULT_PLACEHOLDER) -> VlmRequest:
+    """A well-formed :class:`VlmRequest`, or :class:`RequestError` naming the problem.
+
+    ``placeholder``: the model's image placeholder; the prompt must hold exactly one per
+    image (``None``: not checked).
+    """
     from PIL import Image
 
     if isinstance(req, str):
@@ -89,7 +96,27 @@ def validate_request(req: VlmRequest | str, index: int) -> VlmRequest:
     if req.question is not None and (not isinstance(req.question, str)
                                      or req.question not in req.prompt):
         raise RequestError(f"request {index}: question must be a substring of the prompt")
+    if placeholder is not None and req.prompt.count(placeholder) != len(req.images):
+        raise RequestError(f"request {index}: prompt has {req.prompt.count(placeholder)} image "
+                           f"placeholder(s) {placeholder!r} but {len(req.images)} image(s) "
+                           "were given: each image needs one placeholder")
     return VlmRequest(req.prompt, tuple(req.images), req.tenant, req.question)
+
+
+def model_image_placeholder(model: str) -> str:
+    """The model's image placeholder text: the tokenizer's content of its image token id
+    (``config.json``'s ``image_token_index`` / ``image_token_id``), else ``<image>``."""
+    import json
+
+    root = Path(model)
+    try:
+        cfg = json.loads((root / "config.json").read_text())
+        token_id = cfg.get("image_token_index", cfg.get("image_token_id"))
+        tok = json.loads((root / "tokenizer_config.json").read_text())
+        content = tok.get("added_tokens_decoder", {}).get(str(token_id), {}).get("content")
+    except (OSError, ValueError, AttributeError):
+        return DEFAULT_PLACEHOLDER
+    return content if isinstance(content, str) and content else DEFAULT_PLACEHOLDER
 
 
 class CachedLLM:
@@ -110,6 +137,7 @@ class CachedLLM:
         self.config = _as_config(config)
         self.enabled = enabled
         self.model = str(model)
+        self.image_placeholder = model_image_placeholder(self.model)
         self._cascade = Cascade(None)
         if enabled and (self.config.enable_exact or self.config.enable_image_embedding
                         or self.config.enable_semantic_text):
@@ -137,7 +165,10 @@ class CachedLLM:
         """
         from vllm import SamplingParams
 
-        reqs = [validate_request(r, i) for i, r in enumerate(requests)]
+        if isinstance(requests, (str, VlmRequest)):
+            raise RequestError(f"requests: expected a list of requests, got one "
+                               f"{type(requests).__name__} (wrap it in a list)")
+        reqs = [validate_request(r, i, self.image_placeholder) for i, r in enumerate(requests)]
         if not reqs:
             return []
         hashes = [tuple(image_content_hash(im) for im in r.images) for r in reqs]
@@ -191,31 +222,11 @@ class CachedLLM:
     def _report(self, out: Any, res: Resolution, wall: float) -> ReuseReport:
         kv = KVReuse.from_params(out.kv_transfer_params) or KVReuse()
         enc = EncoderReuse.from_params(getattr(out, "ec_transfer_params", None))
-        n_prompt = len(out.prompt_token_ids or ()) or kv.prompt_tokens
-        statuses = dict(res.statuses)
-        statuses["fusion"] = enc.status if self.enabled and enc is not None else "skip"
-        if not self.enabled or kv.bypass:
-            statuses["kv_cache"] = "skip"
-        else:
-            statuses["kv_cache"] = "hit" if kv.tokens_loaded > 0 else "miss"
-        hit_tier = res.hit_tier or ("kv" if statuses["kv_cache"] == "hit" else None)
-        l0 = max((out.num_cached_tokens or 0) - kv.tokens_loaded, 0)
         latency, ttft = _timings(out, wall)
-        rw = res.rewrite
-        return ReuseReport(
-            request_id=str(out.request_id), hit_tier=hit_tier, statuses=statuses,
-            similarity=res.similarity,
-            canonical_prompt=res.matched.canonical_prompt if res.matched else None,
-            prompt_tokens=n_prompt, tokens_loaded=kv.tokens_loaded,
-            tokens_from_prefix_cache=l0,
-            tokens_computed=max(n_prompt - kv.tokens_loaded - l0, 0),
-            blocks_saved=kv.blocks_saved, load_failed_blocks=kv.load_failed_blocks,
-            images_encoded=enc.computed if enc else 0, images_loaded=enc.loaded if enc else 0,
-            latency_s=latency, ttft_s=ttft, chunk_keys=kv.chunk_keys,
-            canonical_question=rw.canonical_question if rw else None,
-            canonical_images=rw.canonical_images if rw and res.images is not None else (),
-            image_similarity=rw.image_scores if rw and res.images is not None else (),
-            gate_refused=rw.refused if rw else ())
+        return build_report(str(out.request_id), res, kv, enc,
+                            prompt_tokens=len(out.prompt_token_ids or ()) or kv.prompt_tokens,
+                            cached_tokens=out.num_cached_tokens or 0, latency_s=latency,
+                            ttft_s=ttft, enabled=self.enabled)
 
     def close(self) -> None:
         """Persist the similarity indexes and shut the engine down (the engine flushes the
@@ -238,7 +249,7 @@ class CachedLLM:
 
 def tenant_salt(deployment_salt: str, tenant: str) -> str:
     """The ``cache_salt`` vLLM gets for ``tenant``: isolates vLLM's and our caches."""
-    return hashlib.sha256(f"{deployment_salt}\0{tenant}".encode()).hexdigest()[:32]
+    return tenant_cache_salt(deployment_salt, tenant)
 
 
 def _device_type() -> str:

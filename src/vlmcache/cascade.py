@@ -13,6 +13,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any, Literal, Sequence
 
+from vlmcache.tiers import calibration
 from vlmcache.tiers.exact import ExactRecord, ExactTextTier
 from vlmcache.tiers.gates import check_paraphrase
 from vlmcache.tiers.image_embedding import ImageEmbeddingTier
@@ -33,6 +34,8 @@ VISION_LAYER = "embedding:vision"
 
 #: Status names in the order the cascade consults them (the seeds' log-line order).
 STATUS_ORDER = ("exact_text", VISION_LAYER, PROMPT_LAYER, QUESTION_LAYER, "fusion", "kv_cache")
+#: The serving front's response tier, asked before the cascade (logged first).
+RESPONSE_TIER = "response"
 
 
 @dataclass(frozen=True)
@@ -123,7 +126,11 @@ class _Canonical:
 
 
 class Cascade:
-    """Exact, then image embedding, then semantic text; each tier optional (``None``)."""
+    """Exact, then image embedding, then semantic text; each tier optional (``None``).
+
+    The response tier (:mod:`vlmcache.tiers.response`) is asked before these, by the
+    serving front, on the request as sent.
+    """
 
     def __init__(self, exact: ExactTextTier | None, image: ImageEmbeddingTier | None = None,
                  text: SemanticTextTier | None = None) -> None:
@@ -291,8 +298,15 @@ def build_cascade(config: Any, namespace_digest: str) -> Cascade:
         text = SemanticTextTier(root / "semantic", namespace_digest, embedder,
                                 {QUESTION_LAYER: config.semantic_text_threshold,
                                  PROMPT_LAYER: config.prompt_threshold},
-                                config.enable_gates, config.vector_index_hnsw_threshold)
-    return Cascade(exact, image, text)
+                                config.enable_gates, config.vector_index_hnsw_threshold,
+                                facet_threshold=calibration.threshold(  # issue 13
+                                    "semantic_facet", config.semantic_facet_threshold,
+                                    config.max_false_hit_rate, config.calibration_file))
+    cascade = Cascade(exact, image, text)
+    from vlmcache.shared.sync import share_cascade  # issue 14B
+
+    share_cascade(cascade, config, namespace_digest)  # issue 14B: no-op without redis_url
+    return cascade
 
 
 def _image_tier(config: Any, namespace_digest: str) -> ImageEmbeddingTier:
@@ -310,5 +324,9 @@ def _image_tier(config: Any, namespace_digest: str) -> ImageEmbeddingTier:
                                 config.image_embedder_dim)
     path = config.store_dir / "image_index" / f"{namespace_digest[:24]}.{inner.name}"
     return ImageEmbeddingTier(path, namespace_digest, Memoized(inner, image_content_hash),
-                              store, config.image_threshold, config.vector_index_hnsw_threshold)
+                              store, config.image_threshold, config.vector_index_hnsw_threshold,
+                              verify_threshold=calibration.threshold(  # issue 13
+                                  "image_verify", config.image_verify_threshold,
+                                  config.max_false_hit_rate, config.calibration_file),
+                              candidates=config.image_candidates)
 

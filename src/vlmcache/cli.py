@@ -1,6 +1,8 @@
 """``vlmcache`` command line: inspect, verify and clear a store; print a config.
 
-    vlmcache stats  --store ~/.cache/vlmcache
+    vlmcache serve  MODEL [--vlmcache-config FILE] [--vlmcache-set KEY=VALUE] [vLLM args]
+    vlmcache proxy  MODEL --upstream URL [--upstream URL] [--port 8080]
+    vlmcache stats  --store ~/.cache/vlmcache [--server http://host:8000]
     vlmcache verify --store ~/.cache/vlmcache      # reads every chunk, drops corrupt ones
     vlmcache clear  --store ~/.cache/vlmcache --yes
     vlmcache config [--file vlmcache.yaml]         # the effective config, validated
@@ -12,6 +14,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
+import os
 import shutil
 import sys
 from pathlib import Path
@@ -40,15 +44,74 @@ def _open_disk(path: Path):
 
 
 def cmd_stats(args: argparse.Namespace) -> int:
-    path = _store_path(args)
-    disk = _open_disk(path)
-    stats = disk.stats()
-    exact_entries = sum(1 for f in (path / "exact").glob("*.jsonl")
-                        for _ in open(f, encoding="utf-8")) if (path / "exact").is_dir() else 0
-    report = {"store": str(path), "kv_chunks": stats.entries,
-              "kv_bytes": stats.occupancy_bytes, "exact_log_lines": exact_entries}
-    print(json.dumps(report, indent=2) if args.json else
-          "\n".join(f"{k:>16}: {v}" for k, v in report.items()))
+    from vlmcache.serving.stats import server_metrics, store_stats
+
+    report: dict[str, object] = store_stats(_store_path(args))
+    if args.server:
+        report["server"] = server_metrics(args.server)
+    print(json.dumps(report, indent=2) if args.json else _flat(report))
+    return 0
+
+
+def _flat(report: dict[str, object], prefix: str = "") -> str:
+    lines = []
+    for k, v in report.items():
+        if isinstance(v, dict):
+            lines.append(_flat(v, f"{prefix}{k}."))
+        else:
+            lines.append(f"{prefix + k:>32}: {v}")
+    return "\n".join(lines)
+
+
+def _serve_config(args: argparse.Namespace) -> VlmCacheConfig:
+    values: dict[str, object] = VlmCacheConfig.from_yaml(args.vlmcache_config).to_dict() \
+        if args.vlmcache_config else {}
+    for item in args.vlmcache_set or ():
+        key, sep, raw = item.partition("=")
+        if not sep:
+            raise VlmCacheError(f"--vlmcache-set {item!r}: expected KEY=VALUE")
+        import yaml
+
+        values[key.strip()] = yaml.safe_load(raw)
+    return VlmCacheConfig.from_dict(values)
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from vlmcache.api import _device_type
+    from vlmcache.serving.launch import run, serve_command
+
+    config = _serve_config(args)
+    run_dir = Path(args.run_dir or (config.store_dir / "serve" / str(os.getpid())))
+    try:
+        command = serve_command(args.model, config, args.vllm_args, _device_type(), run_dir,
+                                front=not args.no_front)
+    except ValueError as exc:
+        raise VlmCacheError(str(exc)) from exc
+    if args.print_command:
+        print(json.dumps({"argv": command.argv, "env": command.env}, indent=2))
+        return 0
+    run(command)
+    return 0
+
+
+def cmd_proxy(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from vlmcache.serving.front import CascadeFront
+    from vlmcache.serving.logs import LOGGER
+    from vlmcache.serving.metrics import FrontMetrics
+    from vlmcache.serving.proxy import build_proxy_app
+
+    logging.basicConfig(level=logging.WARNING)
+    logging.getLogger(LOGGER).setLevel(logging.INFO)
+    config = _serve_config(args)
+    front = CascadeFront.for_model(args.model, config, metrics=FrontMetrics.create(
+        tenant_label=config.metrics_tenant_label))
+    try:
+        uvicorn.run(build_proxy_app(front, args.upstream), host=args.host, port=args.port,
+                    log_level="warning")
+    finally:
+        front.close()
     return 0
 
 
@@ -96,8 +159,11 @@ def build_parser() -> argparse.ArgumentParser:
         p.set_defaults(func=func)
         if name == "stats":
             p.add_argument("--json", action="store_true")
+            p.add_argument("--server", help="also read a running server's /metrics "
+                           "(e.g. http://127.0.0.1:8000)")
         if name == "clear":
             p.add_argument("--yes", action="store_true", help="really delete")
+    _add_serving_parsers(sub)
     p = sub.add_parser("config", help="print the effective, validated config")
     p.add_argument("--file", help="a YAML config file")
     p.set_defaults(func=cmd_config)
@@ -112,9 +178,42 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _add_serving_parsers(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
+    p = sub.add_parser("serve", help="vLLM's OpenAI server with vlmcache's front and "
+                       "connectors (extra arguments go to vLLM)")
+    p.add_argument("model", help="a local model directory")
+    _front_args(p)
+    p.add_argument("--vlmcache-run-dir", dest="run_dir",
+                   help="where the front's config and logging config are written")
+    p.add_argument("--vlmcache-print", dest="print_command", action="store_true",
+                   help="print the server command and environment instead of running it")
+    p.add_argument("--vlmcache-no-front", dest="no_front", action="store_true",
+                   help="engine wiring only, no front (an upstream of `vlmcache proxy`)")
+    p.set_defaults(func=cmd_serve)
+    p = sub.add_parser("proxy", help="the front as a proxy before vLLM servers")
+    p.add_argument("model", help="the local model directory the upstreams serve")
+    p.add_argument("--upstream", action="append", required=True,
+                   help="an upstream vLLM server URL (repeat for several)")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8080)
+    _front_args(p)
+    p.set_defaults(func=cmd_proxy)
+
+
+def _front_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--vlmcache-config", help="a vlmcache YAML config file")
+    p.add_argument("--vlmcache-set", action="append", metavar="KEY=VALUE",
+                   help="one vlmcache config key (overrides the file; repeatable)")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     raw = list(sys.argv[1:] if argv is None else argv)
-    args = build_parser().parse_args(raw)
+    parser = build_parser()
+    if raw[:1] == ["serve"]:  # everything vlmcache does not know goes to vLLM
+        args, rest = parser.parse_known_args(raw)
+        args.vllm_args = rest
+    else:
+        args = parser.parse_args(raw)
     args.argv = raw[1:]
     try:
         return int(args.func(args))

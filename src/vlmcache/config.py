@@ -18,7 +18,11 @@ from vlmcache.errors import ConfigError
 
 GiB = 1024**3
 DiskWrite = Literal["async", "sync"]
-ImageEmbedderName = Literal["efficientnet-lite0", "phash", "sscd", "clip"]
+ImageEmbedderName = Literal["colour-layout", "efficientnet-lite0", "phash", "sscd", "clip"]
+ClientUuidPolicy = Literal["replace", "refuse", "trust"]  # issue 12
+RemoteImagePolicy = Literal["refuse", "fetch"]  # issue 12
+AdmissionName = Literal["always", "second_sight"]  # issue 14A
+EvictionName = Literal["lru", "reuse"]  # issue 14A
 
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]i?b?|b)?\s*$", re.IGNORECASE)
 _SIZE_UNITS = {"": 1, "b": 1, "k": 1000, "m": 1000**2, "g": 1000**3, "t": 1000**4,
@@ -60,12 +64,24 @@ class VlmCacheConfig:
         encoder_memory_budget: bytes of CPU memory for encoder outputs.
         encoder_disk_budget: bytes of disk for encoder outputs.
         semantic_text_threshold: cosine similarity a paraphrase must reach (L1).
-        image_threshold: cosine similarity a near-duplicate image must reach (L2).
+        image_threshold: cosine similarity an image candidate must reach (L2); each
+            candidate is then verified (``image_verify_threshold``).
+        max_false_hit_rate: the false-hit rate the calibrated thresholds are picked for
+            (from the curves in the calibration file, measured by the fidelity benchmark).
+        image_verify_threshold: largest verifier distance (aligned RGB thumbnails, 0-1)
+            a candidate image may have; ``None`` picks it from the calibration file.
+        image_candidates: image candidates verified per lookup.
+        semantic_facet_threshold: lower cosine a paraphrase may have when its facets
+            (question kind, negation, colour, shape, number, side) all agree; ``None``
+            picks it from the calibration file.
+        calibration_file: JSON written by ``benchmarks/fidelity.py --calibration-out``;
+            ``None`` uses the one shipped with vlmcache.
         prompt_threshold: cosine similarity a whole prompt must reach (L2 prompt layer).
         enable_image_embedding: the near-duplicate image tier (L2, needs ``[vision]``).
         enable_semantic_text: the paraphrase tiers (L1 and L2 prompt, needs ``[semantic]``).
         enable_gates: refuse paraphrase hits differing in negation/colour/shape/number/side.
-        image_embedder: ``efficientnet-lite0``, ``phash``, ``sscd`` or ``clip`` (local weights).
+        image_embedder: ``colour-layout``, ``efficientnet-lite0``, ``phash``, ``sscd`` or
+            ``clip`` (local weights).
         image_embedder_path: local weights for ``sscd`` (optional) or ``clip`` (required).
         image_embedder_dim: embedding size of a ``clip`` model.
         image_store_budget: bytes of disk for canonical images (a quarter of it, at most
@@ -78,6 +94,56 @@ class VlmCacheConfig:
         min_load_tokens: a stored prefix shorter than this is not worth loading.
         exact_max_entries: how many prompts the exact tier remembers (LRU beyond).
         log_requests: log the per-request reuse line at INFO.
+        enable_response_cache: serve deterministic repeats (greedy or seeded, one choice)
+            from stored responses without the engine (the front only).
+        response_ttl_s: seconds a stored response may be served.
+        response_memory_budget: bytes of memory for stored responses (LRU beyond).
+        response_max_entry_bytes: larger responses are not stored.
+        client_image_uuids: what the front does with a client's ``uuid`` on an image part:
+            ``replace`` it by a content- and tenant-derived identity (default), ``refuse``
+            the request, or ``trust`` it (only for callers you trust: it is vLLM's cache key).
+        allow_embeds: let clients send ``image_embeds`` / ``prompt_embeds`` parts (trusted
+            callers only: vLLM runs them unchecked).
+        remote_images: ``refuse`` http(s) image URLs with a 400 (default), or ``fetch`` them
+            in the front within ``remote_image_timeout_s`` and ``max_image_bytes``.
+        remote_image_timeout_s: time limit of one remote image fetch.
+        max_image_bytes: largest encoded image the front accepts.
+        max_image_pixels: largest decoded image (width x height) the front accepts.
+        max_images_per_request: most images one request may carry.
+        max_request_bytes: largest request body the front accepts.
+        metrics_tenant_label: label metrics by tenant (off: one label for all tenants).
+        redis_url: ``redis://host:port/db`` (``rediss://`` for TLS, ``unix:///path``) of a
+            Redis shared by every replica; ``None`` (default) keeps everything local. The
+            password never goes in the URL: it is read from ``redis_password_env``.
+        redis_password_env: environment variable holding the Redis password (if any).
+        redis_tls_ca_file: CA bundle to verify a ``rediss://`` server (default: system CAs).
+        redis_prefix: first component of every Redis key vlmcache writes.
+        redis_timeout_ms: socket timeout of one Redis operation (a lookup past it is a miss).
+        redis_connect_timeout_ms: time limit of opening a connection.
+        redis_backoff_max_s: longest pause between reconnect attempts while Redis is down.
+        redis_kv_budget: bytes of KV chunks vlmcache keeps in Redis (all replicas together).
+        redis_encoder_budget: bytes of encoder outputs in Redis.
+        redis_image_budget: bytes of shared canonical images in Redis.
+        redis_response_budget: bytes of shared responses (response tier) in Redis.
+        redis_chunk_ttl_s: expiry of chunk values in Redis (lets ``maxmemory-policy
+            volatile-lru`` evict chunks, never vlmcache's indexes).
+        redis_write_queue_bytes: bytes of chunks waiting to be written to Redis; past it,
+            writes are dropped (counted).
+        redis_share_records: share exact/image/paraphrase records across replicas.
+        redis_log_max_entries: length bound of each shared record log (Redis stream).
+        redis_sync_interval_s: how often a replica publishes and reads shared records.
+        tenant_quota: share of each memory tier's budget (KV, encoder outputs) one tenant
+            may hold, in (0, 1]; 1.0 (default): no per-tenant quota. A tenant over its quota
+            evicts its own entries, never another tenant's.
+        admission_memory: ``always`` (default) or ``second_sight``: keep a chunk in memory
+            only the second time it is offered (one-off content never displaces anything).
+        admission_disk: the same for writes to the disk tier.
+        admission_ghost_entries: fingerprints the second-sight filter remembers per tier.
+        eviction: ``reuse`` (default): entries hit at least once are evicted only after every
+            never-reused entry (segmented LRU); ``lru``: plain LRU.
+        disk_write_queue: bytes of KV chunks (at most ``memory_budget``) that may wait for
+            the disk writer with ``disk_write: async``; past it, disk writes are dropped and
+            counted. A crash loses what is queued (see docs/reliability.md).
     """
 
     store_path: str = "~/.cache/vlmcache"
@@ -92,14 +158,15 @@ class VlmCacheConfig:
     encoder_memory_budget: int = 1 * GiB
     encoder_disk_budget: int = 20 * GiB
     semantic_text_threshold: float = 0.85
-    image_threshold: float = 0.85
+    image_threshold: float = 0.8  # issue 13: the candidate floor of colour-layout
     prompt_threshold: float = 0.85
     enable_image_embedding: bool = False
     enable_semantic_text: bool = False
     enable_gates: bool = True
-    # pHash by default: on the fidelity benchmark it made 5x fewer false image hits than
-    # EfficientNet-Lite0 at the same threshold (a missed near-duplicate is only a miss).
-    image_embedder: ImageEmbedderName = "phash"
+    # issue 13: colour-layout (no weights) proposes candidates, the verifier decides; on
+    # the fidelity benchmark its top-4 held the source image for 99-100% of benign
+    # variants (pHash: 67% of 2-3 px shifts), see docs/similarity.md.
+    image_embedder: ImageEmbedderName = "colour-layout"
     image_embedder_path: str | None = None
     image_embedder_dim: int | None = None
     image_store_budget: int = 1 * GiB
@@ -109,6 +176,61 @@ class VlmCacheConfig:
     min_load_tokens: int = 1
     exact_max_entries: int = 100_000
     log_requests: bool = True
+    # --- issue 13: verified similarity, thresholds from a false-hit bound ---
+    max_false_hit_rate: float = 0.01
+    image_verify_threshold: float | None = None  # None: from the calibration file
+    image_candidates: int = 4
+    semantic_facet_threshold: float | None = None  # None: from the calibration file
+    calibration_file: str | None = None  # None: the one shipped with vlmcache
+    # --- end issue 13 ---
+    # --- issue 12: the serving front (response tier, identity, request limits) ---
+    enable_response_cache: bool = True
+    response_ttl_s: float = 3600.0
+    response_memory_budget: int = 256 * 1024**2
+    response_max_entry_bytes: int = 1024**2
+    client_image_uuids: ClientUuidPolicy = "replace"
+    allow_embeds: bool = False
+    remote_images: RemoteImagePolicy = "refuse"
+    remote_image_timeout_s: float = 5.0
+    max_image_bytes: int = 20 * 1024**2
+    max_image_pixels: int = 4096 * 4096
+    max_images_per_request: int = 8
+    max_request_bytes: int = 64 * 1024**2
+    metrics_tenant_label: bool = True
+    # --- end issue 12 ---
+    # --- issue 14B: the shared Redis tier ---
+    redis_url: str | None = None
+    redis_password_env: str = "VLMCACHE_REDIS_PASSWORD"
+    redis_tls_ca_file: str | None = None
+    redis_prefix: str = "vlmcache"
+    redis_timeout_ms: float = 5.0
+    redis_connect_timeout_ms: float = 20.0
+    redis_backoff_max_s: float = 5.0
+    redis_kv_budget: int = 4 * GiB
+    redis_encoder_budget: int = 1 * GiB
+    redis_image_budget: int = 512 * 1024**2
+    redis_response_budget: int = 256 * 1024**2
+    redis_chunk_ttl_s: int = 7 * 86400
+    redis_write_queue_bytes: int = 256 * 1024**2
+    redis_share_records: bool = True
+    redis_log_max_entries: int = 100_000
+    redis_sync_interval_s: float = 0.2
+    # --- end issue 14B ---
+    # --- issue 11: the KV path on vLLM's offloading connector + load-vs-recompute cost model ---
+    kv_cost_model: bool = True  # False: always load what the persistent tier holds
+    kv_read_bytes_per_s_prior: float = 2e9  # tier read bandwidth until measured
+    kv_read_fixed_s: float = 0.0001  # fixed cost of one chunk read (reads run in parallel)
+    kv_prefill_tokens_per_s_prior: float = 20_000.0  # engine prefill rate until measured
+    kv_io_threads: int = 4  # persistent tier reader/writer threads (beside the scheduler)
+    # --- end issue 11 ---
+    # --- issue 14A: tenant fairness and the write-behind bound ---
+    tenant_quota: float = 1.0
+    admission_memory: AdmissionName = "always"
+    admission_disk: AdmissionName = "always"
+    admission_ghost_entries: int = 65_536
+    eviction: EvictionName = "reuse"
+    disk_write_queue: int = 1 * GiB
+    # --- end issue 14A ---
 
     def __post_init__(self) -> None:
         _validate(self)
@@ -170,7 +292,16 @@ def _read_yaml(path: Path) -> dict[str, object]:
 
 
 _BYTE_KEYS = ("memory_budget", "disk_budget", "encoder_memory_budget", "encoder_disk_budget",
-              "image_store_budget")
+              "image_store_budget",
+              # issue 12
+              "response_memory_budget", "response_max_entry_bytes", "max_image_bytes",
+              "max_request_bytes",
+              # issue 14B
+              "redis_kv_budget", "redis_encoder_budget", "redis_image_budget",
+              "redis_response_budget",
+              "redis_write_queue_bytes",
+              # issue 14A
+              "disk_write_queue")
 
 
 def _coerce_all(values: dict[str, object]) -> dict[str, object]:
@@ -209,8 +340,68 @@ def _validate(cfg: VlmCacheConfig) -> None:
         raise ConfigError(f"min_load_tokens: must be >= 1, got {cfg.min_load_tokens}")
     if cfg.exact_max_entries < 1:
         raise ConfigError(f"exact_max_entries: must be >= 1, got {cfg.exact_max_entries}")
+    _validate_similarity(cfg)  # issue 13
+    _validate_front(cfg)  # issue 12
+    _validate_redis(cfg)  # issue 14B
+    _validate_kv_path(cfg)  # issue 11
+    _validate_fairness(cfg)  # issue 14A
     if not cfg.store_path.strip():
         raise ConfigError("store_path: must name a directory, got an empty string")
+
+
+
+def _validate_similarity(cfg: VlmCacheConfig) -> None:
+    """Verified similarity and calibrated thresholds (issue 13)."""
+    if not 0.0 < cfg.max_false_hit_rate < 1.0:
+        raise ConfigError(f"max_false_hit_rate: must be in (0, 1), got {cfg.max_false_hit_rate}")
+    for key in ("image_verify_threshold", "semantic_facet_threshold"):
+        value = getattr(cfg, key)
+        if value is not None and not 0.0 < value <= 1.0:
+            raise ConfigError(f"{key}: must be in (0, 1] or null (from calibration), got {value}")
+    if cfg.image_candidates < 1:
+        raise ConfigError(f"image_candidates: must be >= 1, got {cfg.image_candidates}")
+
+
+def _validate_fairness(cfg: VlmCacheConfig) -> None:
+    """Tenant quotas and admission (issue 14A)."""
+    if not 0.0 < cfg.tenant_quota <= 1.0:
+        raise ConfigError(f"tenant_quota: must be in (0, 1] (a share of each memory tier; "
+                          f"1.0 = no quota), got {cfg.tenant_quota}")
+    if cfg.admission_ghost_entries < 1:
+        raise ConfigError(f"admission_ghost_entries: must be >= 1, "
+                          f"got {cfg.admission_ghost_entries}")
+
+
+_REDIS_SCHEMES = ("redis", "rediss", "unix")
+
+
+def _validate_redis(cfg: VlmCacheConfig) -> None:
+    """The shared Redis tier's settings (issue 14B); the URL never carries a password."""
+    from urllib.parse import urlsplit
+
+    if cfg.redis_url is not None:
+        try:
+            url = urlsplit(cfg.redis_url)
+            _ = url.port  # raises ValueError on a malformed port
+        except ValueError as exc:
+            raise ConfigError(f"redis_url: not a valid URL ({exc})") from None
+        if url.scheme not in _REDIS_SCHEMES:
+            raise ConfigError(f"redis_url: scheme must be one of {list(_REDIS_SCHEMES)}, "
+                              f"got {url.scheme!r}")
+        if url.password is not None or "password=" in url.query:
+            raise ConfigError("redis_url: must not contain a password; put it in the "
+                              f"environment variable {cfg.redis_password_env!r} "
+                              "(redis_password_env)")
+    for key in ("redis_timeout_ms", "redis_connect_timeout_ms", "redis_backoff_max_s",
+                "redis_sync_interval_s"):
+        if getattr(cfg, key) <= 0:
+            raise ConfigError(f"{key}: must be > 0, got {getattr(cfg, key)}")
+    for key in ("redis_chunk_ttl_s", "redis_log_max_entries"):
+        if getattr(cfg, key) < 1:
+            raise ConfigError(f"{key}: must be >= 1, got {getattr(cfg, key)}")
+    if not cfg.redis_prefix or not cfg.redis_prefix.isprintable() or " " in cfg.redis_prefix:
+        raise ConfigError(f"redis_prefix: must be a non-empty printable string without "
+                          f"spaces, got {cfg.redis_prefix!r}")
 
 
 def _check_type(key: str, value: object, hint: object) -> None:
@@ -232,3 +423,44 @@ def _check_type(key: str, value: object, hint: object) -> None:
 
 def _names(types: tuple[object, ...]) -> str:
     return " or ".join(getattr(t, "__name__", str(t)).replace("NoneType", "null") for t in types)
+
+
+def _validate_front(cfg: VlmCacheConfig) -> None:
+    """Limits of the serving front (issue 12)."""
+    for key in ("response_ttl_s", "remote_image_timeout_s"):
+        if getattr(cfg, key) <= 0:
+            raise ConfigError(f"{key}: must be > 0 seconds, got {getattr(cfg, key)}")
+    for key in ("max_image_pixels", "max_images_per_request"):
+        if getattr(cfg, key) < 1:
+            raise ConfigError(f"{key}: must be >= 1, got {getattr(cfg, key)}")
+
+
+def _validate_kv_path(cfg: VlmCacheConfig) -> None:
+    """Limits of the KV path's cost model (issue 11)."""
+    for key in ("kv_read_bytes_per_s_prior", "kv_prefill_tokens_per_s_prior"):
+        if getattr(cfg, key) <= 0:
+            raise ConfigError(f"{key}: must be > 0, got {getattr(cfg, key)}")
+    if cfg.kv_read_fixed_s < 0:
+        raise ConfigError(f"kv_read_fixed_s: must be >= 0, got {cfg.kv_read_fixed_s}")
+    if not 1 <= cfg.kv_io_threads <= 64:
+        raise ConfigError(f"kv_io_threads: must be in [1, 64], got {cfg.kv_io_threads}")
+
+
+# --- issue 12: a misspelled keyword is a ConfigError naming it, not a bare TypeError ---
+_dataclass_init = VlmCacheConfig.__init__
+
+
+def _checked_init(self: VlmCacheConfig, *args: object, **kwargs: object) -> None:
+    allowed = {f.name for f in dataclasses.fields(VlmCacheConfig)}
+    unknown = sorted(set(kwargs) - allowed)
+    if unknown:
+        import difflib
+
+        hints = {k: difflib.get_close_matches(k, allowed, n=1) for k in unknown}
+        named = ", ".join(f"{k!r}" + (f" (did you mean {h[0]!r}?)" if h else "")
+                          for k, h in hints.items())
+        raise ConfigError(f"unknown config key(s) {named}; allowed keys: {sorted(allowed)}")
+    _dataclass_init(self, *args, **kwargs)  # type: ignore[arg-type]
+
+
+VlmCacheConfig.__init__ = _checked_init  # type: ignore[method-assign]

@@ -117,6 +117,22 @@ def image_uuid(deployment_salt: str, tenant: str | None, content_hash: str) -> s
     return "vlmc-" + hashlib.sha256(f"{scope}\0{content_hash}".encode()).hexdigest()
 
 
+def tenant_cache_salt(deployment_salt: str, tenant: str) -> str:
+    """The ``cache_salt`` vLLM gets for ``tenant``: isolates vLLM's and our caches."""
+    return hashlib.sha256(f"{deployment_salt}\0{tenant}".encode()).hexdigest()[:32]
+
+
+def is_minted_image_uuid(identifier: str) -> bool:
+    """Whether ``identifier`` has the shape of an :func:`image_uuid` (``vlmc-`` + 64 hex).
+
+    Only such identities are tenant-scoped; vLLM's own image hashes and client-chosen
+    uuids are not, so the encoder-output tier neither stores nor loads under them.
+    """
+    if not identifier.startswith("vlmc-") or len(identifier) != 69:
+        return False
+    return all(c in "0123456789abcdef" for c in identifier[5:])
+
+
 def encoder_output_key(namespace_digest: str, identifier: str) -> str:
     """Store key of one image's encoder output under a namespace."""
     return hashlib.sha256(f"encoder\0{namespace_digest}\0{identifier}".encode()).hexdigest()

@@ -5,7 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Mapping
 
-from vlmcache.cascade import STATUS_ORDER, TierStatus
+from vlmcache.cascade import RESPONSE_TIER, STATUS_ORDER, Resolution, TierStatus
+
+
+def _opt_str(value: object) -> str | None:
+    return value if isinstance(value, str) else None
 
 
 @dataclass(frozen=True)
@@ -19,6 +23,8 @@ class KVReuse:
     load_failed_blocks: int = 0
     chunk_keys: tuple[str, ...] = ()
     bypass: bool = False
+    cost_model_choice: str | None = None  # issue 11: "load"/"skip" of the persistent tier
+    cost_model_reason: str | None = None  # issue 11
 
     @classmethod
     def from_params(cls, params: Mapping[str, object] | None) -> "KVReuse | None":
@@ -39,7 +45,9 @@ class KVReuse:
                    blocks_saved=num("blocks_saved"),
                    load_failed_blocks=num("load_failed_blocks"),
                    chunk_keys=tuple(str(k) for k in keys) if isinstance(keys, list) else (),
-                   bypass=bool(ours.get("bypass", False)))
+                   bypass=bool(ours.get("bypass", False)),
+                   cost_model_choice=_opt_str(ours.get("cost_model_choice")),  # issue 11
+                   cost_model_reason=_opt_str(ours.get("cost_model_reason")))
 
 
 @dataclass(frozen=True)
@@ -119,6 +127,8 @@ class ReuseReport:
     gate_refused: tuple[str, ...] = ()
     ttft_s: float | None = None
     chunk_keys: tuple[str, ...] = field(default=(), repr=False)
+    kv_cost_choice: str | None = None  # issue 11: the persistent KV tier's load/skip choice
+    kv_cost_reason: str | None = None  # issue 11: predicted load vs recompute times
 
     @property
     def hit(self) -> bool:
@@ -127,7 +137,7 @@ class ReuseReport:
     def log_line(self) -> str:
         """The seeds' line: ``[id] hit (text:exact) | latency=0.032s | exact_text=hit, ...``."""
         head = f"hit ({self.hit_tier})" if self.hit_tier else "miss"
-        ordered = [n for n in STATUS_ORDER if n in self.statuses]
+        ordered = [n for n in (RESPONSE_TIER, *STATUS_ORDER) if n in self.statuses]
         ordered += [n for n in self.statuses if n not in ordered]
         statuses = ", ".join(f"{n}={self.statuses[n]}" for n in ordered)
         score = f" score={self.similarity:.3f}" if self.similarity is not None else ""
@@ -149,4 +159,44 @@ class ReuseReport:
                 "canonical_images": list(self.canonical_images),
                 "image_similarity": list(self.image_similarity),
                 "gate_refused": list(self.gate_refused),
-                "latency_s": self.latency_s, "ttft_s": self.ttft_s}
+                "latency_s": self.latency_s, "ttft_s": self.ttft_s,
+                "kv_cost_choice": self.kv_cost_choice, "kv_cost_reason": self.kv_cost_reason}
+
+
+def build_report(request_id: str, res: Resolution | None, kv: KVReuse | None,
+                 enc: EncoderReuse | None, *, prompt_tokens: int, cached_tokens: int,
+                 latency_s: float, ttft_s: float | None = None,
+                 enabled: bool = True) -> ReuseReport:
+    """The ReuseReport of one engine-served request (``CachedLLM`` and the serving front).
+
+    ``cached_tokens``: prompt tokens vLLM did not compute (its prefix cache plus what the
+    connector loaded); ``res`` is ``None`` for a request the cascade did not see.
+    """
+    kv = kv or KVReuse()
+    statuses: dict[str, TierStatus] = dict(res.statuses) if res is not None else {}
+    statuses["fusion"] = enc.status if enabled and enc is not None else "skip"
+    if not enabled or kv.bypass:
+        statuses["kv_cache"] = "skip"
+    else:
+        statuses["kv_cache"] = "hit" if kv.tokens_loaded > 0 else "miss"
+    decided = res.hit_tier if res is not None else None
+    hit_tier = decided or ("kv" if statuses["kv_cache"] == "hit" else None)
+    l0 = max(cached_tokens - kv.tokens_loaded, 0)
+    rw = res.rewrite if res is not None else None
+    canonical = res is not None and res.images is not None and rw is not None
+    return ReuseReport(
+        request_id=request_id, hit_tier=hit_tier, statuses=statuses,
+        similarity=res.similarity if res is not None else None,
+        canonical_prompt=res.matched.canonical_prompt if res is not None and res.matched
+        else None,
+        prompt_tokens=prompt_tokens, tokens_loaded=kv.tokens_loaded,
+        tokens_from_prefix_cache=l0,
+        tokens_computed=max(prompt_tokens - kv.tokens_loaded - l0, 0),
+        blocks_saved=kv.blocks_saved, load_failed_blocks=kv.load_failed_blocks,
+        images_encoded=enc.computed if enc else 0, images_loaded=enc.loaded if enc else 0,
+        latency_s=latency_s, ttft_s=ttft_s, chunk_keys=kv.chunk_keys,
+        kv_cost_choice=kv.cost_model_choice, kv_cost_reason=kv.cost_model_reason,
+        canonical_question=rw.canonical_question if rw else None,
+        canonical_images=rw.canonical_images if canonical and rw else (),
+        image_similarity=rw.image_scores if canonical and rw else (),
+        gate_refused=rw.refused if rw else ())

@@ -1,11 +1,15 @@
-"""Fidelity command pieces that need no engine: ground truth, probe sets, metrics, sweep."""
+"""Fidelity command pieces that need no engine: ground truth, probe sets, outcomes, targets."""
 
 from __future__ import annotations
 
 import easy_vqa
+import numpy as np
 
-from vlmcache.bench.fidelity import THRESHOLDS, Row, build_probes, summarize, sweep
-from vlmcache.bench.fidelity_data import ShapeAttrs, answer, image_attrs, negate
+from vlmcache.bench.fidelity import Row, build_probes, summarize, targets
+from vlmcache.bench.fidelity_data import Probe, ShapeAttrs, answer, image_attrs, negate
+from vlmcache.bench.fidelity_text import WIDE_PARAPHRASES, facet_changes, wide_paraphrase
+from vlmcache.bench.fidelity_variants import MIRROR_MIN_OFFSET_PX, mirror, recolour_permute
+from vlmcache.models.paraphrases import EVAL_PARAPHRASES, TEMPLATES, TRAIN_PARAPHRASES
 
 
 def test_ground_truth_matches_easy_vqa():
@@ -14,36 +18,70 @@ def test_ground_truth_matches_easy_vqa():
     checked = [(q, a, i) for q, a, i in zip(qs, ans, ids) if i in attrs][:3000]
     assert len(checked) == 3000
     assert all(answer(q, attrs[i]) == a for q, a, i in checked)
-    red_circle = ShapeAttrs("circle", "red")
-    assert answer(negate("is there a red shape?"), red_circle) == "no"
+    assert answer(negate("is there a red shape?"), ShapeAttrs("circle", "red")) == "no"
 
 
-def test_probe_sets_cover_every_category():
-    seeds, probes = build_probes(4, seed=0)
-    cats = {p.category for p in probes}
-    assert {"paraphrase", "near_dup:shifted", "near_dup:noised", "near_dup:jpeg", "video",
-            "other_image"} <= cats
-    assert len(seeds) == 5 and all(p.image.size == (64, 64) for p in probes)
+def test_wide_paraphrases_are_new_wordings_with_the_same_answer():
+    seen = {w.lower() for table in (TRAIN_PARAPHRASES, EVAL_PARAPHRASES)
+            for options in table.values() for w in options}
+    assert set(WIDE_PARAPHRASES) == set(TEMPLATES)
+    assert not {w.lower() for o in WIDE_PARAPHRASES.values() for w in o} & seen
+    attrs = ShapeAttrs("circle", "red")
+    for template in TEMPLATES:
+        q = template.format(color="red", shape="circle")
+        assert wide_paraphrase(q, 3) != q
+    changed = facet_changes("is there a red shape?", 0)
+    assert set(changed) == {"facet:negation", "facet:colour"}
+    assert answer(changed["facet:colour"], attrs) == "no" == answer(changed["facet:negation"], attrs)
+
+
+def test_probe_sets_cover_every_kind():
+    seeds, probes = build_probes(6, seed=0)
+    kinds = {p.category for p in probes}
+    assert {"benign:jpeg_q35", "benign:noise_s6", "benign:brightness_15pct",
+            "benign:shift_2_3px", "benign:rescale", "benign:video_frames",
+            "hard:recolour_permute", "hard:recolour_hue", "hard:count_remove",
+            "hard:count_add", "hard:other_same_template", "text:paraphrase",
+            "facet:left_right", "facet:count"} <= kinds
+    assert len(seeds) == 6 * 3 + 1 and all(p.source for p in seeds + probes)
     assert {p.gt for p in seeds + probes} <= set(easy_vqa.get_answers())
 
 
-def test_metrics_and_sweep():
-    a = ShapeAttrs("circle", "red")
-    from vlmcache.bench.fidelity_data import Probe
+def test_hard_negatives_change_what_answers_hinge_on():
+    qs, ans, ids = easy_vqa.get_test_questions()
+    attrs = image_attrs(qs, ans, ids)
+    paths = easy_vqa.get_test_image_paths()
+    from PIL import Image
 
-    para = Probe("paraphrase", None, "what color is the shape?", a, "x", True)
-    neg = Probe("negated", None, "is there not a red shape?", a, "x", False)
-    rows = [Row(para, on="red", off="red", hit_tier="semantic_text", canonical_gt="red",
-                scores={"text": 0.9}, sweep_answer="red", sweep_gt="red"),
-            Row(neg, on="no", off="no", canonical_gt="no", scores={"text": 0.95},
-                sweep_answer="yes", sweep_gt="yes", gated=True)]
-    summary = summarize(rows)
-    text = summary["semantic_text"]
-    assert text["hit_rate"] == 1.0 and text["false_hit_rate"] == 0.0
-    assert text["accuracy"] == 1.0 and text["agreement_with_no_cache"] == 1.0
-    curves = sweep(rows)
-    at = {c["threshold"]: c for c in curves["semantic_text"]}
-    ungated = {c["threshold"]: c for c in curves["semantic_text:no_gate"]}
-    assert at[0.85]["false_hit_rate"] == 0.0 and ungated[0.85]["false_hit_rate"] == 0.5
-    assert ungated[0.85]["accuracy"] == 0.5 and at[0.95]["hit_rate"] == 0.0
-    assert len(curves["embedding:vision"]) == len(THRESHOLDS)
+    rng = np.random.default_rng(0)
+    mirrored = 0
+    for i in sorted(attrs)[:30]:
+        image = Image.open(paths[i]).convert("RGB")
+        m = mirror(image, attrs[i], rng, "")
+        if m is not None:
+            mirrored += 1
+            assert np.abs(np.asarray(m.image, float) - np.asarray(image, float)).max() > 100
+        r = recolour_permute(image, attrs[i], rng, "")
+        assert (r is None) == (attrs[i].color in ("black", "gray"))
+    assert 0 < mirrored < 30 and MIRROR_MIN_OFFSET_PX == 8
+
+
+def test_outcomes_and_targets():
+    a = ShapeAttrs("circle", "red")
+    ok = Probe("benign:noise_s6", None, "what color is the shape?", a, "x:n", True, source="x")
+    bad = Probe("hard:recolour_permute", None, "is there a red shape?", a, "x:r", False,
+                gt_override="no", source="x")
+    para = Probe("text:paraphrase", None, "Which color does the shape have?", a, "x", True,
+                 meaning="what color is the shape?", source="x")
+    rows = [Row(ok, on="red", off="red", hit_tier="embedding:vision", canonical_image="x"),
+            Row(bad, on="yes", off="no", hit_tier="embedding:vision", canonical_image="y"),
+            Row(para, on="red", off="red", hit_tier="semantic_text",
+                canonical_question="what color is the shape?")]
+    variants = summarize(rows)
+    assert variants["benign:noise_s6"] == {"n": 1, "right": 1, "other_image": 0, "miss": 0,
+                                           "accuracy": 1.0, "accuracy_no_cache": 1.0}
+    assert variants["hard:recolour_permute"]["other_image"] == 1
+    assert variants["hard:recolour_permute"]["accuracy"] == 0.0
+    t = targets(variants)
+    assert not t["hard_negatives_zero"] and t["benign_all_at_least_95pct"]
+    assert t["paraphrase_recall"] == 1.0 and t["other_image_rate"] == 0.5

@@ -20,8 +20,10 @@ def test_tiny_run_writes_every_field(tmp_path, monkeypatch, capsys):
     assert record["command"].startswith("python benchmarks/lookup_latency.py --entries 500")
     assert record["device"]["cores"] >= 1 and record["device"]["cpu"]
     assert record["indexes"]["exact_text"]["entries"] == 500
-    assert all(v["kind"].startswith("HNSW") and v["entries"] > 500
-               for k, v in record["indexes"].items() if k != "exact_text")
+    assert record["indexes"]["embedding:vision"]["kind"].startswith("HNSW")
+    assert all(v["entries"] > 500 for k, v in record["indexes"].items() if k != "exact_text")
+    run = record["runs"][0]
+    assert run["entries"] == 500 and run["resolve_p50_ms"] > 0 and run["embed_p50_ms"] > 0
     for name in ("hit", "miss"):
         scenario = record["scenarios"][name]
         assert sum(scenario["hit_tiers"].values()) == 3

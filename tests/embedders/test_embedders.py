@@ -105,3 +105,20 @@ def test_optional_embedders_say_what_to_install(tmp_path):
         make_image_embedder("nope")
     with pytest.raises(ConfigError, match="clip"):
         make_image_embedder("clip")
+
+
+def test_colour_layout_sees_colour_and_tolerates_small_shifts():
+    from PIL import Image, ImageDraw
+
+    from vlmcache.embedders.image import ColourLayoutEmbedder
+
+    def draw(colour, x):
+        im = Image.new("RGB", (64, 64), (240, 240, 245))
+        ImageDraw.Draw(im).ellipse([x, 20, x + 20, 40], fill=colour)
+        return im
+
+    emb = ColourLayoutEmbedder()
+    red, red_moved, blue = emb.embed([draw((220, 30, 30), 10), draw((220, 30, 30), 13),
+                                      draw((30, 30, 220), 10)])
+    assert emb.dim == 192 and abs(float(np.linalg.norm(red)) - 1) < 1e-5
+    assert float(red @ red_moved) > 0.85 > float(red @ blue)

@@ -71,3 +71,32 @@ def test_torn_or_foreign_files_start_empty(tmp_path):
     (tmp_path / "text.json").write_text("{not json")
     assert len(VectorIndex(16, tmp_path / "text")) == 0
     assert len(VectorIndex(8, tmp_path / "other")) == 0
+
+
+def test_scope_search_small_large_and_whole(tmp_path):
+    index = VectorIndex(16, None, hnsw_threshold=30,
+                        scope_of=lambda e: f"{e.tenant}/{e.context}")
+    vecs = _vectors(200)
+    index.add_many([IndexEntry(f"k{i}", "a" if i < 190 else "b", context=str(i % 2))
+                    for i in range(200)], vecs)
+    assert index.kind == "hnsw" and len(index) == 200
+    small = index.search_scope(vecs[191], "b/1", k=3)
+    assert [h.entry.key for h in small][0] == "k191"
+    assert {h.entry.key for h in small} <= {f"k{i}" for i in range(191, 200, 2)}
+    large = index.search_scope(vecs[4], "a/0", k=5)
+    assert large[0].entry.key == "k4" and all(h.entry.context == "0" for h in large)
+    assert index.search_scope(vecs[4], "nobody", k=2) == []
+    index.remove(["k191"])
+    assert "k191" not in {h.entry.key for h in index.search_scope(vecs[191], "b/1", k=9)}
+
+
+def test_scope_search_with_one_scope_and_monkeypatched_small_limit(monkeypatch):
+    import vlmcache.index.faiss_index as fi
+
+    monkeypatch.setattr(fi, "SMALL_SCOPE", 4)
+    index = VectorIndex(16, None, hnsw_threshold=None)
+    vecs = _vectors(50)
+    index.add_many([IndexEntry(f"k{i}", "t" if i % 5 else "u") for i in range(50)], vecs)
+    assert index.kind == "flat"
+    assert index.search_scope(vecs[10], "u", k=1)[0].entry.key == "k10"  # via ID selector
+    assert index.search_scope(vecs[11], "t", k=1)[0].entry.key == "k11"

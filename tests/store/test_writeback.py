@@ -65,3 +65,45 @@ def test_ensure_in_memory_verifies_disk_chunks(tmp_path):
     assert tiered.ensure_in_memory(K1) and tiered.memory.contains(K1)
     assert not tiered.ensure_in_memory(K2) and not path.exists()
     assert not tiered.ensure_in_memory(K3)
+
+
+def test_drops_are_counted_and_logged_at_most_once_per_interval(tmp_path, caplog):
+    disk = DiskStore(tmp_path, 1 << 20)
+    tiered = TieredStore(MemoryStore(1 << 20), disk, write_behind_bytes=10)
+    with caplog.at_level("WARNING", logger="vlmcache.store.writeback"):
+        for i in range(1000):
+            assert tiered.put(f"{i:04x}", chunk(i))  # memory keeps it: acknowledged
+    lines = [r for r in caplog.records if "queue full" in r.getMessage()]
+    assert len(lines) == 1  # was one line per dropped chunk
+    stats = tiered.stats()
+    assert stats.writes_dropped == 1000 and stats.writes_lost == 0
+    tiered.close()
+
+
+def test_acknowledged_writes_that_fail_are_counted_as_lost(tmp_path, caplog):
+    disk = DiskStore(tmp_path, 1 << 20)
+    disk.put = lambda key, tensors: False  # e.g. ENOSPC after the put was acknowledged
+    tiered = TieredStore(MemoryStore(1 << 20), disk, write_behind_bytes=1 << 20)
+    with caplog.at_level("WARNING", logger="vlmcache.store.writeback"):
+        for i in range(50):
+            assert tiered.put(f"{i:04x}", chunk(i))
+        tiered.flush()
+    assert tiered.stats().writes_lost == 50
+    assert tiered.writer.stats().pending_chunks == 0 and tiered.writer.stats().written == 0
+    assert sum("acknowledged but not written" in r.getMessage() for r in caplog.records) == 1
+    tiered.close()
+
+
+def test_pending_bytes_bound_what_a_crash_can_lose(tmp_path):
+    disk = DiskStore(tmp_path, 1 << 20)
+    gate = __import__("threading").Event()
+    real_put = disk.put
+    disk.put = lambda key, tensors: gate.wait() and real_put(key, tensors)
+    writer = WriteBehind(disk, max_pending_bytes=64 * 3)  # three 64-byte chunks
+    accepted = sum(writer.submit(f"{i:04x}", chunk(i)) for i in range(10))
+    stats = writer.stats()
+    assert accepted == 3 and stats.pending_bytes <= stats.max_pending_bytes == 192
+    assert stats.pending_chunks == 3 and stats.dropped == 7
+    gate.set()
+    writer.close()
+    assert writer.stats().written == 3 and writer.stats().pending_bytes == 0

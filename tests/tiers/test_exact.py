@@ -5,16 +5,41 @@ def tier(tmp_path, max_entries=100, ns="ns1"):
     return ExactTextTier(tmp_path / "exact.jsonl", ns, max_entries)
 
 
-def test_normalize_prompt():
-    assert normalize_prompt("  What COLOR\tis\n the  car? ") == "what color is the car?"
-    assert normalize_prompt("ｗｈａｔ") == "what"  # NFKC folds full-width forms
+import unicodedata
+
+import pytest
+
+#: Prompts that differ in meaning (issue 13's eleven, and a few more): never one key.
+DISTINCT = [
+    ("Solve x² + 1 = 0", "Solve x2 + 1 = 0"), ("What is H₂O?", "What is H2O?"),
+    ("Add ½ cup", "Add 1/2 cup"), ("Read item ①", "Read item 1"),
+    ("Is it 30℃?", "Is it 30°C?"), ("Spell Straße", "Spell strasse"),
+    ("Does the sign say 'STOP'?", "Does the sign say 'stop'?"),
+    ("Is the code aB3x?", "Is the code Ab3X?"), ("Call `getValue()`", "Call `getvalue()`"),
+    ('Is the word "Polish"?', 'Is the word "polish"?'), ("Is the flag US?", "Is the flag us?"),
+    ("Type ｗｈａｔ", "Type what"), ("Roman Ⅳ", "Roman IV"),
+    ("```\nif x:\n    y\n```", "```\nif x:\n y\n```"),
+]
+
+
+@pytest.mark.parametrize("a,b", DISTINCT)
+def test_normalize_keeps_meaning_apart(a, b):
+    assert normalize_prompt(a) != normalize_prompt(b)
+
+
+def test_normalize_folds_spacing_sentence_case_and_unicode_form():
+    assert normalize_prompt("  What color\tis\n the  car? ") == "what color is the car?"
+    assert normalize_prompt("what's it? Is it red") == normalize_prompt("What's it?  is it red")
+    assert normalize_prompt("USER: <image>\nWhat is it?") == "USER: <image> what is it?"
+    assert normalize_prompt("Café") == normalize_prompt(unicodedata.normalize("NFD", "Café"))
+    assert normalize_prompt("What COLOR is it?") != normalize_prompt("what color is it?")
 
 
 def test_lookup_hits_normalized_variant_and_returns_canonical_text(tmp_path):
     t = tier(tmp_path)
     assert t.lookup("What color is the car?", ["h1"], None) is None
     t.record("What color is the car?", ["h1"], None, ["k1", "k2"], 70)
-    rec = t.lookup("what   COLOR is the car?", ["h1"], None)
+    rec = t.lookup("what   color is  the car?", ["h1"], None)
     assert rec is not None and rec.canonical_prompt == "What color is the car?"
     assert rec.chunk_keys == ("k1", "k2") and rec.prompt_tokens == 70
 
@@ -37,7 +62,7 @@ def test_persists_across_instances_and_skips_torn_lines(tmp_path, caplog):
         f.write('{"key": "torn')  # a crash mid-append
     again = tier(tmp_path)
     assert len(again) == 2
-    assert again.lookup("FIRST prompt", ["h"], None).chunk_keys == ("k1",)
+    assert again.lookup("First  prompt", ["h"], None).chunk_keys == ("k1",)
     assert "unreadable line" in caplog.text
 
 

@@ -37,3 +37,28 @@ def test_facets():
     f = facets("Isn't the second red square left of 3 blue circles?")
     assert f.negated and f.colours == {"red", "blue"} and f.shapes == {"square", "circle"}
     assert f.numbers == {"3"} and f.sides == {"left"}
+
+
+@pytest.mark.parametrize("question,asks", [
+    ("What colour is the shape?", "colour"), ("Could you tell me the colour of the car?", "colour"),
+    ("Which shape is in the picture?", "shape"), ("Is there a circle?", "yes/no"),
+    ("How many dogs are there?", "count"), ("Why is the man running?", "other"),
+])
+def test_question_kind(question, asks):
+    assert facets(question).asks == asks
+
+
+@pytest.mark.parametrize("question,cached,ok", [
+    ("Can you see a red shape in this picture?", "is there a red shape?", True),
+    ("Is a circle missing from this image?", "is there not a circle?", True),
+    ("What's the shape's colour?", "what color is the shape?", True),
+    ("is the door open?", "is the door closed?", False),
+    ("what color is the car?", "what color is the sky?", False),
+    ("is the man smiling?", "is the man standing?", False),
+    ("Why is it here?", "Why is it there?", False),  # kind unrecognised: first stage only
+    ("what color is the shape?", "what shape is it?", False),
+])
+def test_second_stage(question, cached, ok):
+    from vlmcache.tiers.gates import second_stage_ok
+
+    assert second_stage_ok(question, cached) is ok

@@ -95,3 +95,40 @@ def test_index_survives_restart(tmp_path):
     match = again.lookup(b, _h(b), None)
     assert match is not None and match.canonical_hash == _h(a)
     assert np.array_equal(np.asarray(match.image), np.asarray(a))
+
+
+def _colour_tier(root, verify_threshold=0.15):
+    from vlmcache.embedders.image import ColourLayoutEmbedder
+
+    store = TieredStore(MemoryStore(10 * PIXELS), None)
+    return ImageEmbeddingTier(root / "index" / "cl", NS,
+                              Memoized(ColourLayoutEmbedder(), image_content_hash), store,
+                              0.8, verify_threshold=verify_threshold)
+
+
+def test_verifier_refuses_recoloured_and_mirrored_candidates(tmp_path):
+    import easy_vqa
+
+    from vlmcache.bench.fidelity_data import image_attrs
+    from vlmcache.bench.fidelity_variants import shape_mask
+
+    attrs = image_attrs(*easy_vqa.get_test_questions())
+    paths = easy_vqa.get_test_image_paths()
+    for i in sorted(attrs):  # a coloured shape well off the middle
+        image = Image.open(paths[i]).convert("RGB")
+        xs = np.nonzero(shape_mask(np.asarray(image, np.float32)))[1]
+        if attrs[i].color not in ("black", "gray") and abs(xs.mean() - 31.5) > 12:
+            break
+    tier = _colour_tier(tmp_path)
+    tier.record(image, _h(image), None)
+    arr = np.asarray(image)
+    shifted = Image.fromarray(np.pad(arr, ((2, 0), (0, 0), (0, 0)), mode="edge")[:64])
+    match = tier.lookup(shifted, _h(shifted), None)
+    assert match is not None and match.canonical_hash == _h(image) and match.distance < 0.15
+    recoloured = Image.fromarray(arr[:, :, (2, 0, 1)].copy())
+    mirrored = Image.fromarray(arr[:, ::-1].copy())
+    for probe in (recoloured, mirrored):
+        assert tier.lookup(probe, _h(probe), None) is None
+        assert tier.best(probe, _h(probe), None) is None  # best() verifies too
+    found = tier.verified_candidates(recoloured, _h(recoloured), None)
+    assert found and found[0][2] > 0.15  # a candidate, refused by the verifier

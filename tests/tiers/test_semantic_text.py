@@ -80,3 +80,28 @@ def test_indexes_survive_restart(tmp_path, embedder):
     tier.flush()
     found = _tier(tmp_path, embedder).lookup(_q("Which colour is the vehicle?"), LAYERS)
     assert found.match is not None
+
+
+def test_second_stage_accepts_lower_cosine_only_when_facets_and_content_agree(tmp_path,
+                                                                               embedder):
+    tier = SemanticTextTier(tmp_path, NS, embedder, {QUESTION_LAYER: 0.85, PROMPT_LAYER: 0.85},
+                            True, facet_threshold=0.65)
+    tier.record(_q("is there a circle?"))
+    tier.record(_q("is the door open?"))
+    para = tier.lookup(_q("Is some circle visible here?"), (QUESTION_LAYER,))
+    assert para.match is not None and para.match.question == "is there a circle?"
+    assert para.match.score < 0.85  # only the second stage admits it
+    assert tier.lookup(_q("is the door closed?"), (QUESTION_LAYER,)).match is None
+    assert tier.lookup(_q("Is some triangle visible here?"), (QUESTION_LAYER,)).match is None
+    strict = SemanticTextTier(tmp_path / "strict", NS, embedder,
+                              {QUESTION_LAYER: 0.85, PROMPT_LAYER: 0.85}, True)
+    strict.record(_q("is there a circle?"))
+    assert strict.lookup(_q("Is some circle visible here?"), (QUESTION_LAYER,)).match is None
+
+
+def test_scopes_are_searched_alone(tmp_path, embedder):
+    tier = _tier(tmp_path, embedder)
+    tier.record(_q("What color is the car?", context=image_context(["img-b"])))
+    tier.record(_q("What color is the car?", tenant="acme"))
+    assert tier.lookup(_q("What color is the car?"), LAYERS).match is None
+    assert tier.lookup(_q("What color is the car?", tenant="acme"), LAYERS).match is not None

@@ -35,6 +35,8 @@ class Probe:
     image_id: str
     expect_hit: bool
     meaning: str = ""  # the easy-vqa template question it rewords ("": ``question``)
+    gt_override: str = ""  # ground truth of a question that is no easy-vqa template
+    source: str = ""  # the seed image (id) this probe's image was derived from
 
     @property
     def template_question(self) -> str:
@@ -42,7 +44,7 @@ class Probe:
 
     @property
     def gt(self) -> str:
-        return answer(self.template_question, self.attrs)
+        return self.gt_override or answer(self.template_question, self.attrs)
 
 
 def answer(question: str, attrs: ShapeAttrs) -> str:

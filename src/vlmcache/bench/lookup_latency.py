@@ -1,16 +1,16 @@
-"""Lookup latency of :meth:`Cascade.resolve` with 100k entries in every enabled tier (CPU).
+"""Lookup latency of :meth:`Cascade.resolve` with 100k (and 1M) entries per tier (CPU).
 
 The cascade is the one :func:`~vlmcache.cascade.build_cascade` makes from the default
-``VlmCacheConfig`` with both similarity tiers on (exact text, pHash image embedding, MiniLM
-semantic text), on a temporary store. Each tier holds ``--entries`` entries: the exact tier
-as records in its own log format (loaded by the tier), the image index and the text index
-as random unit vectors of the real embedders' dimensions (64 for pHash, 384 for MiniLM),
-added through ``VectorIndex.add``: embedding 100k real questions (two texts each, ~15 ms
-on a 2-core VM) would take most of an hour. ``VectorIndex`` has no batch add and one-by-one
-inserts into an HNSW graph cost about a millisecond each here, so rows go in as flat
-appends and the index's own rebuild turns them into the configured kind (HNSW past
-``vector_index_hnsw_threshold``) in one batched FAISS add. The two text layers share one
-index object (one 100k-vector HNSW build instead of two; a search costs the same).
+``VlmCacheConfig`` with both similarity tiers on (exact text, colour-layout image embedding
+with verification, MiniLM semantic text), on a temporary store. Each tier holds
+``--entries`` entries: the exact tier as records in its own log format (loaded by the
+tier), the image index and the text index as random unit vectors of the real embedders'
+dimensions (192 for colour-layout, 384 for MiniLM), added with ``VectorIndex.add_many``
+(one FAISS add; the image index becomes HNSW past ``vector_index_hnsw_threshold``):
+embedding 100k real questions would take most of an hour. Text entries are spread over
+one scope (tenant + canonical images) each, as a cache of many images is; the two text
+layers share one index object (a scoped search costs the same). Random vectors are far
+from each other: a miss proposes no image candidate, so it is not verified.
 
 Queries are real: a canonical image and question are recorded through the tiers, then
 ``--queries`` requests per scenario are resolved through the real embedders:
@@ -21,7 +21,7 @@ Queries are real: a canonical image and question are recorded through the tiers,
 
 Each request is resolved twice: ``fresh`` (nothing memoized) and ``repeated`` (image and
 text embeddings memoized: the rest is search). The split is measured on the same inputs:
-the inner embedders alone (pHash of one image; MiniLM of the stripped prompt and the
+the inner embedders alone (colour-layout of one image; MiniLM of the stripped prompt and the
 question, batched as the text tier does) and the index searches alone (the image search,
 and both text layers' searches under the context ``resolve`` used).
 """
@@ -66,15 +66,8 @@ def _hashes(n: int) -> list[str]:
 
 
 def bulk_add(index: Any, entries: Sequence[Any], vectors: np.ndarray) -> None:
-    """Flat appends, then the index's own rebuild into its configured kind (see above)."""
-    target = index.hnsw_threshold
-    index.hnsw_threshold = 1 << 62
-    try:
-        for entry, vec in zip(entries, vectors):
-            index.add(entry, vec)
-    finally:
-        index.hnsw_threshold = target
-    index.remove([])  # no key: only the kind check, which rebuilds past the threshold
+    """One batched add (the index builds its configured kind once)."""
+    index.add_many(list(entries), vectors)
 
 
 def _fill_exact(cascade: Any, hashes: Sequence[str]) -> None:
@@ -252,9 +245,22 @@ def run(entries: int, queries: int, hnsw_threshold: int) -> dict[str, Any]:
                    "text (prompt and question layers, one shared index)":
                        _index_info(next(iter(cascade.text.indexes.values())))}
     return {"device": device, "entries_per_tier": entries, "queries_per_scenario": queries,
-            "vector_index_hnsw_threshold": hnsw_threshold, "image_embedder": "phash (64-d)",
+            "vector_index_hnsw_threshold": hnsw_threshold,
+            "image_embedder": "colour-layout (192-d) + verifier",
             "text_embedder": "all-MiniLM-L6-v2 (384-d)", "indexes": indexes,
             "build_and_fill_s": round(fill_s, 1), "scenarios": scenarios}
+
+
+def _run_summary(record: dict[str, Any]) -> dict[str, Any]:
+    """``resolve_p50_ms``: resolve with embeddings memoized (search + verification), the
+    hit scenario (the miss one beside it); ``embed_p50_ms``: the embedders alone."""
+    hit, miss = record["scenarios"]["hit"], record["scenarios"]["miss"]
+    embed = hit["embed_image_ms"]["p50"] + hit["embed_text_ms"]["p50"]
+    return {"entries": record["entries_per_tier"],
+            "resolve_p50_ms": hit["resolve_repeated_ms"]["p50"],
+            "resolve_p50_ms_miss": miss["resolve_repeated_ms"]["p50"],
+            "embed_p50_ms": round(embed, 3), "build_and_fill_s": record["build_and_fill_s"],
+            "hit_tiers": hit["hit_tiers"]}
 
 
 def _index_info(index: Any) -> dict[str, Any]:
@@ -279,17 +285,19 @@ def table(record: dict[str, Any]) -> str:
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--entries", type=int, default=100_000, help="entries per tier")
+    parser.add_argument("--entries", default="100000",
+                        help="entries per tier; a comma list measures each (e.g. 100000,1000000)")
     parser.add_argument("--queries", type=int, default=30, help="requests per scenario")
     parser.add_argument("--hnsw-threshold", type=int, default=20_000,
                         help="vector_index_hnsw_threshold (the config default)")
     parser.add_argument("--out", default="benchmarks/results/lookup-latency.json")
     args = parser.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    record = run(args.entries, args.queries, args.hnsw_threshold)
+    records = [run(int(n), args.queries, args.hnsw_threshold) for n in args.entries.split(",")]
     given = list(sys.argv[1:] if argv is None else argv)
     record = {"command": " ".join(["python benchmarks/lookup_latency.py",
-                                   *map(shlex.quote, given)]), **record,
+                                   *map(shlex.quote, given)]), **records[0],
+              "runs": [_run_summary(r) for r in records], "all_runs": records,
               "notes": __doc__.split("\n\n", 1)[1].strip()}
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

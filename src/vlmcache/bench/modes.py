@@ -47,9 +47,10 @@ _KV = ("enable_exact", "enable_kv_load", "enable_kv_save")
 MODES: dict[str, Mode] = {m.name: m for m in (
     Mode("no_cache", "vLLM, prefix caching off: every request computed", prefix_caching=False),
     Mode("prefix_cache", "vLLM's own GPU/CPU-resident prefix cache only"),
-    Mode("native_offload", "vLLM's own KV offloading connector (kv_offloading_size)",
+    Mode("native_offload", "vLLM's own CPU KV offloading (kv_offloading_size), no vlmcache",
          native_offload=True),
-    Mode("vlmcache:kv", "exact tier (L0.5) + persistent KV store", tiers=_KV),
+    Mode("vlmcache:kv", "exact tier (L0.5) + the KV path: vLLM's offloading connector "
+         "(CPU tier) + vlmcache's persistent tier and cost model", tiers=_KV),
     Mode("vlmcache:encoder", "encoder-output tier (L1.5) alone",
          tiers=("enable_encoder_cache",)),
     Mode("vlmcache:image", "near-duplicate image tier (L2) alone: canonical image, then "

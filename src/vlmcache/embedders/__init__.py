@@ -17,7 +17,7 @@ from vlmcache.embedders.base import (
 from vlmcache.errors import ConfigError
 
 TEXT_EMBEDDERS = ("minilm",)
-IMAGE_EMBEDDERS = ("efficientnet-lite0", "phash", "sscd", "clip")
+IMAGE_EMBEDDERS = ("colour-layout", "efficientnet-lite0", "phash", "sscd", "clip")
 
 
 def make_text_embedder(name: str) -> TextEmbedder:
@@ -34,6 +34,8 @@ def make_image_embedder(name: str, model_path: str | None = None,
     """An image embedder by config name; ``clip``/``sscd`` take a local ``model_path``."""
     from vlmcache.embedders import image
 
+    if name == "colour-layout":
+        return image.ColourLayoutEmbedder()
     if name == "efficientnet-lite0":
         return image.EfficientNetLite0Embedder()
     if name == "phash":

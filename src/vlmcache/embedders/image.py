@@ -111,6 +111,38 @@ class PerceptualHashEmbedder:
         return rows
 
 
+class ColourLayoutEmbedder:
+    """Colour layout: a blurred 8x8 RGB thumbnail minus its mean colour (192-d).
+
+    No weights. Unlike pHash it sees colour, and the blur (a 16 px window at 64 px)
+    keeps a few pixels of shift close; it only proposes candidates, which
+    :mod:`vlmcache.tiers.verify` confirms.
+    """
+
+    name = "colour-layout"
+    dim = 192
+
+    def embed(self, images: Sequence[Any]) -> np.ndarray:
+        """Unit rows, ``(len(images), 192)``."""
+        from PIL import Image
+
+        rows = np.zeros((len(images), self.dim), np.float32)
+        for i, im in enumerate(images):
+            small = np.asarray(im.convert("RGB").resize((32, 32), Image.BOX), np.float32)
+            pooled = _blur_pool(small)
+            rows[i] = (pooled - pooled.mean(axis=(0, 1))).ravel()
+        return normalize_rows(rows)
+
+
+def _blur_pool(small: np.ndarray) -> np.ndarray:
+    """(32, 32, 3) -> (8, 8, 3): means over 8x8 windows every 4 px (edges repeated)."""
+    padded = np.pad(small, ((2, 2), (2, 2), (0, 0)), mode="edge")  # 36 x 36
+    c = np.pad(padded.cumsum(0).cumsum(1), ((1, 0), (1, 0), (0, 0)))
+    idx = np.arange(8) * 4
+    a, b = idx[:, None], idx[None, :]
+    return (c[a + 8, b + 8] - c[a, b + 8] - c[a + 8, b] + c[a, b]) / 64.0
+
+
 class SSCDEmbedder:
     """Meta's SSCD copy-detection model (512-d) through onnxruntime; optional.
 

@@ -1,7 +1,11 @@
 """A FAISS inner-product index with string keys, metadata, removal and crash-safe persistence.
 
 Exact search (``IndexFlatIP``) while small; past ``hnsw_threshold`` live entries the index is
-rebuilt as ``IndexHNSWFlat``. Rows are never removed from FAISS in place: a removed key's row
+rebuilt as ``IndexHNSWFlat`` (``None``: always exact, for indexes only searched by scope).
+Every entry belongs to a *scope* (``scope_of(entry)``, e.g. its tenant, or tenant and
+images); :meth:`VectorIndex.search_scope` searches one scope without scanning the others:
+a small scope by an exact product over its own rows, a large one through FAISS with an ID
+selector, a scope holding every entry by a plain search. Rows are never removed from FAISS in place: a removed key's row
 is a tombstone (filtered out of results) until the next rebuild, which happens when
 tombstones outnumber live rows.
 
@@ -20,7 +24,7 @@ import os
 import threading
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable, Optional, Sequence
 
 import numpy as np
 
@@ -29,6 +33,8 @@ from vlmcache.errors import require
 logger = logging.getLogger(__name__)
 
 FORMAT = "vlmcache-vindex-v1"
+#: Scopes up to this many rows are searched exactly over their own rows.
+SMALL_SCOPE = 2048
 
 
 @dataclass(frozen=True)
@@ -60,14 +66,17 @@ class VectorIndex:
         hnsw_m: HNSW graph degree.
     """
 
-    def __init__(self, dim: int, path: Path | None = None, hnsw_threshold: int = 20_000,
-                 hnsw_m: int = 32) -> None:
+    def __init__(self, dim: int, path: Path | None = None,
+                 hnsw_threshold: Optional[int] = 20_000, hnsw_m: int = 32,
+                 scope_of: Callable[[IndexEntry], str] | None = None) -> None:
         self.faiss = require("faiss", "semantic")
         self.dim, self.path = dim, path
         self.hnsw_threshold, self.hnsw_m = hnsw_threshold, hnsw_m
+        self.scope_of = scope_of or (lambda e: str(e.tenant))
         self._lock = threading.Lock()
         self._rows: list[IndexEntry | None] = []
         self._by_key: dict[str, int] = {}
+        self._scopes: dict[str, set[int]] = {}
         self._index = self._new_index(0)
         self._dirty = 0
         if path is not None:
@@ -88,13 +97,25 @@ class VectorIndex:
 
     def add(self, entry: IndexEntry, vector: np.ndarray) -> None:
         """Add (or replace) ``entry.key`` with a unit ``vector``."""
-        vec = np.ascontiguousarray(np.asarray(vector, np.float32).reshape(1, self.dim))
+        self.add_many([entry], vector)
+
+    def add_many(self, entries: Sequence[IndexEntry], vectors: np.ndarray) -> None:
+        """Add (or replace) several entries in one FAISS call (rows of ``vectors``)."""
+        vecs = np.ascontiguousarray(np.asarray(vectors, np.float32).reshape(-1, self.dim))
+        if len(vecs) != len(entries):
+            raise ValueError(f"{len(entries)} entries for {len(vecs)} vectors")
         with self._lock:
-            self._drop_locked(entry.key)
-            self._index.add(vec)
-            self._rows.append(entry)
-            self._by_key[entry.key] = len(self._rows) - 1
-            self._dirty += 1
+            for entry in entries:
+                self._drop_locked(entry.key)
+            grow = self.kind == "hnsw" or not self._crosses_locked(len(entries))
+            if grow:
+                self._index.add(vecs)
+            for entry in entries:
+                self._rows.append(entry)
+                self._index_row_locked(len(self._rows) - 1)
+            self._dirty += len(entries)
+            if not grow:  # flat -> HNSW: build the graph once, from every live row
+                self._rebuild_locked(np.concatenate([self._all_vectors_locked(), vecs]))
             self._maybe_rebuild_locked()
 
     def remove(self, keys: Sequence[str]) -> int:
@@ -115,6 +136,26 @@ class VectorIndex:
         with self._lock:
             row = self._by_key.get(key)
             return None if row is None else self._rows[row]
+
+    def search_scope(self, vector: np.ndarray, scope: str, k: int = 1) -> list[SearchHit]:
+        """The ``k`` best live entries of ``scope``, best first (no scan of other scopes)."""
+        vec = np.ascontiguousarray(np.asarray(vector, np.float32).reshape(1, self.dim))
+        with self._lock:
+            rows = self._scopes.get(scope)
+            if not rows:
+                return []
+            if len(rows) == len(self._by_key):  # every entry: a plain search
+                return self._search_all_locked(vec, k)
+            ids = np.fromiter(rows, np.int64, len(rows))
+            if len(ids) <= SMALL_SCOPE:
+                scores = self._index.reconstruct_batch(ids) @ vec[0]
+                top = np.argsort(-scores)[:k]
+                return [SearchHit(self._rows[int(ids[i])], float(scores[i]))  # type: ignore[arg-type]
+                        for i in top]
+            params = self._selector_params(ids)
+            scores, found = self._index.search(vec, min(k, len(ids)), params=params)
+            return [SearchHit(self._rows[int(r)], float(s))  # type: ignore[arg-type]
+                    for s, r in zip(scores[0], found[0]) if r >= 0 and self._rows[int(r)]]
 
     def search(self, vector: np.ndarray, k: int = 1,
                accept: Callable[[IndexEntry], bool] | None = None) -> list[SearchHit]:
@@ -154,7 +195,7 @@ class VectorIndex:
         return self.path.with_name(self.path.name + ".json")
 
     def _new_index(self, live: int) -> object:
-        if live > self.hnsw_threshold:
+        if self.hnsw_threshold is not None and live > self.hnsw_threshold:
             index = self.faiss.IndexHNSWFlat(self.dim, self.hnsw_m, self.faiss.METRIC_INNER_PRODUCT)
             index.hnsw.efSearch = max(64, self.hnsw_m * 2)
             return index
@@ -164,8 +205,42 @@ class VectorIndex:
         row = self._by_key.pop(key, None)
         if row is None:
             return False
+        entry = self._rows[row]
+        scope = self.scope_of(entry) if entry is not None else ""
+        self._scopes.get(scope, set()).discard(row)
+        if not self._scopes.get(scope, True):
+            del self._scopes[scope]
         self._rows[row] = None
         return True
+
+    def _index_row_locked(self, row: int) -> None:
+        entry = self._rows[row]
+        if entry is not None:
+            self._by_key[entry.key] = row
+            self._scopes.setdefault(self.scope_of(entry), set()).add(row)
+
+    def _crosses_locked(self, n: int) -> bool:
+        """Whether ``n`` more live rows take a flat index past the HNSW threshold."""
+        return (self.hnsw_threshold is not None
+                and len(self._by_key) + n > self.hnsw_threshold)
+
+    def _all_vectors_locked(self) -> np.ndarray:
+        return self._index.reconstruct_n(0, self._index.ntotal)
+
+    def _selector_params(self, ids: np.ndarray) -> object:
+        sel = self.faiss.IDSelectorBatch(ids)
+        if self.kind == "hnsw":
+            return self.faiss.SearchParametersHNSW(sel=sel, efSearch=max(64, 2 * self.hnsw_m))
+        return self.faiss.SearchParameters(sel=sel)
+
+    def _search_all_locked(self, vec: np.ndarray, k: int) -> list[SearchHit]:
+        total = self._index.ntotal
+        probe = min(total, max(16, 4 * k))
+        while True:
+            hits = self._search_locked(vec, probe, None)
+            if len(hits) >= k or probe >= total:
+                return hits[:k]
+            probe = min(total, probe * 4)
 
     def _search_locked(self, vec: np.ndarray, probe: int,
                        accept: Callable[[IndexEntry], bool] | None) -> list[SearchHit]:
@@ -180,16 +255,21 @@ class VectorIndex:
     def _maybe_rebuild_locked(self) -> None:
         live = len(self._by_key)
         tombstones = len(self._rows) - live
-        wrong_kind = (live > self.hnsw_threshold) != (self.kind == "hnsw")
+        wrong_kind = self._crosses_locked(0) != (self.kind == "hnsw")
         if not wrong_kind and tombstones <= max(live, 64):
             return
+        self._rebuild_locked(self._all_vectors_locked())
+
+    def _rebuild_locked(self, vectors: np.ndarray) -> None:
+        """A fresh index of the live rows (``vectors``: one per row of ``_rows``)."""
         keep = [i for i, e in enumerate(self._rows) if e is not None]
-        vectors = self._index.reconstruct_n(0, self._index.ntotal)[keep] if keep else None
-        self._index = self._new_index(live)
-        if vectors is not None:
-            self._index.add(np.ascontiguousarray(vectors, dtype=np.float32))
+        self._index = self._new_index(len(keep))
+        if keep:
+            self._index.add(np.ascontiguousarray(vectors[keep], dtype=np.float32))
         self._rows = [self._rows[i] for i in keep]
-        self._by_key = {e.key: i for i, e in enumerate(self._rows) if e is not None}
+        self._by_key, self._scopes = {}, {}
+        for row in range(len(self._rows)):
+            self._index_row_locked(row)
 
     def _load(self) -> None:
         meta_path = self._meta_path()
@@ -210,7 +290,8 @@ class VectorIndex:
             logger.warning("vector index %s unreadable (%s): starting empty", meta_path, exc)
             return
         self._index, self._rows = index, rows
-        self._by_key = {e.key: i for i, e in enumerate(rows) if e is not None}
+        for row in range(len(rows)):
+            self._index_row_locked(row)
 
 
 def _atomic_write(path: Path, data: bytes) -> None:

@@ -3,6 +3,7 @@
 from vlmcache.store.base import ChunkStore, EvictionListener, StoreStats, Tensors, tensors_nbytes
 from vlmcache.store.disk import DiskStore, check_key, chunk_checksum
 from vlmcache.store.memory import MemoryStore
+from vlmcache.store.policy import TenantStats, TierPolicy
 from vlmcache.store.tiered import TieredStore
 
 __all__ = [
@@ -12,6 +13,8 @@ __all__ = [
     "MemoryStore",
     "StoreStats",
     "Tensors",
+    "TenantStats",
+    "TierPolicy",
     "TieredStore",
     "check_key",
     "chunk_checksum",

@@ -38,6 +38,10 @@ class StoreStats:
     bytes_read: int
     bytes_written: int
     errors: int
+    # Issue 14: chunks a write-behind never queued for disk (queue full), and chunks it had
+    # acknowledged whose disk write then failed. 0 for tiers that write synchronously.
+    writes_dropped: int = 0
+    writes_lost: int = 0
 
     @property
     def hit_rate(self) -> float:

@@ -7,6 +7,7 @@ Each chunk file holds the tensors plus header metadata ``vlmcache_format``, ``ke
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import logging
@@ -14,6 +15,7 @@ import math
 import os
 import re
 import secrets
+import stat
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -115,9 +117,34 @@ def _payload_bytes(header: dict[str, Any]) -> int:
     return total
 
 
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+_PRIVATE_FILE = 0o600
+_PRIVATE_DIR = 0o700
+
+
+def _open_read(path: Path) -> BinaryIO:
+    """Open a store file for reading without following a planted symlink (ELOOP: OSError)."""
+    return open(os.open(path, os.O_RDONLY | _NOFOLLOW | getattr(os, "O_BINARY", 0)), "rb")
+
+
+def make_private_dir(path: Path) -> None:
+    """Create ``path`` (and parents) as 0700 directories; refuse a symlink or a non-directory.
+
+    Raises ``OSError`` when ``path`` is a symlink (someone may have planted it to redirect
+    our writes) or not a directory.
+    """
+    missing = [p for p in (path, *path.parents) if not os.path.lexists(p)]
+    for directory in reversed(missing):  # Path.mkdir(parents=True) would make parents 0777
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(directory, _PRIVATE_DIR)
+    st = os.lstat(path)
+    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
+        raise OSError(errno.ENOTDIR, "store directory is a symlink or not a directory", str(path))
+
+
 def _read_chunk(key: str, path: Path) -> tuple[dict[str, torch.Tensor], str, int]:
     """Read and fully verify one chunk file: (tensors, sha256, payload bytes)."""
-    with open(path, "rb") as f:
+    with _open_read(path) as f:
         data = f.read()
     sha = _header_checksum(_parse_header(data), key)
     try:
@@ -131,11 +158,32 @@ def _read_chunk(key: str, path: Path) -> tuple[dict[str, torch.Tensor], str, int
 
 def _read_header_file(path: Path) -> dict[str, Any]:
     """Parse only the header of a chunk file (cheap: no payload read)."""
-    with open(path, "rb") as f:
+    with _open_read(path) as f:
         prefix = f.read(8)
         size = int.from_bytes(prefix, "little") if len(prefix) == 8 else 0
         body = f.read(size) if size <= _MAX_HEADER else b""
     return _parse_header(prefix + body)
+
+
+def file_entry(path: Path, key: str) -> tuple[int, str]:
+    """(payload bytes, sha256) of a chunk file, from the file itself, never from a manifest.
+
+    The header's tensor extents must account for the file's size exactly, so a truncated or
+    padded file is a :class:`_ChunkFault` (as is a header without valid vlmcache metadata).
+    """
+    with _open_read(path) as f:
+        prefix = f.read(8)
+        size = int.from_bytes(prefix, "little") if len(prefix) == 8 else 0
+        body = f.read(size) if size <= _MAX_HEADER else b""
+        file_size = os.fstat(f.fileno()).st_size
+    header = _parse_header(prefix + body)
+    sha = _header_checksum(header, key)
+    nbytes = _payload_bytes(header)
+    end = max((info["data_offsets"][1] for name, info in header.items()
+               if name != "__metadata__"), default=0)
+    if 8 + size + end != file_size:
+        raise _ChunkFault(f"file is {file_size} B, its header describes {8 + size + end} B")
+    return nbytes, sha
 
 
 def _write_bytes(f: BinaryIO, data: bytes) -> None:
@@ -144,9 +192,9 @@ def _write_bytes(f: BinaryIO, data: bytes) -> None:
 
 
 def _write_file(path: Path, data: bytes) -> None:
-    """Create ``path`` exclusively, write ``data`` and fsync it."""
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0)
-    with open(os.open(path, flags, 0o644), "wb") as f:
+    """Create ``path`` exclusively (0600, never through a symlink), write ``data``, fsync it."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW | getattr(os, "O_BINARY", 0)
+    with open(os.open(path, flags, _PRIVATE_FILE), "wb") as f:
         _write_bytes(f, data)
         f.flush()
         os.fsync(f.fileno())

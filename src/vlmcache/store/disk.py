@@ -1,15 +1,15 @@
 """A byte-bounded LRU chunk store on local disk: one safetensors file per chunk.
 
-Layout under ``root``: ``chunks/<key[:2]>/<key>.safetensors`` plus ``manifest.json`` (the LRU
-index: bytes, sha256 and last_used per key). Every file is written to a temp file in the same
-directory, fsynced and moved into place with ``os.replace``, so readers only ever see whole
-files. The manifest is a cache of the directory: on open it is reconciled with a scan, so a
-crash can neither lose nor invent chunks. Several stores (threads or processes) may share a root.
+Layout under ``root``: ``chunks/<key[:2]>/<key>.safetensors``, ``manifest.json`` (an LRU-order
+hint) and ``.occupancy`` (the directory's payload bytes, see :mod:`vlmcache.store.ledger`).
+Every file is written to a fresh 0600 temp file (``O_EXCL|O_NOFOLLOW``) in a 0700 directory,
+fsynced and moved into place with ``os.replace``, so readers only ever see whole files. Sizes
+and checksums always come from the chunk files, never from the manifest. Several stores
+(threads or processes) may share a root; the budget holds for the root as a whole.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import threading
@@ -21,40 +21,28 @@ import safetensors.torch
 import torch
 
 from vlmcache.store.base import EvictionListener, StoreStats, Tensors, tensors_nbytes
+from vlmcache.store.chunkfile import (
+    FORMAT_VERSION, SUFFIX, _KEY_RE, _ChunkFault, _Entry, _fsync_dir, _is_stale_tmp,
+    _read_chunk, _scandir, _tmp_path, _unlink_quiet, _write_file, check_key, chunk_checksum,
+    file_entry, make_private_dir,
+)
+from vlmcache.store.ledger import LedgerView, OccupancyLedger
+from vlmcache.store.manifest import load_last_used, write_manifest
 from vlmcache.store.memory import notify_evicted, snapshot_tensors
+from vlmcache.store.ratelog import RateLimitedWarning
 
 logger = logging.getLogger(__name__)
 
-from vlmcache.store.chunkfile import (
-    FORMAT_VERSION,
-    MANIFEST_FORMAT,
-    SUFFIX,
-    _KEY_RE,
-    _ChunkFault,
-    _Entry,
-    check_key,
-    chunk_checksum,
-    _header_checksum,
-    _payload_bytes,
-    _read_chunk,
-    _read_header_file,
-    _write_file,
-    _tmp_path,
-    _fsync_dir,
-    _unlink_quiet,
-    _is_stale_tmp,
-    _scandir,
-    _entry_from_json,
-)
+__all__ = ["DiskStore", "check_key", "chunk_checksum"]
 
 
 class DiskStore:
-    """Thread-safe, crash-safe LRU store of chunks as checksummed safetensors files.
+    """Thread- and process-safe, crash-safe LRU store of checksummed safetensors chunk files.
 
-    The byte budget counts tensor payload bytes (:func:`tensors_nbytes`). Faulty files found by
-    ``get`` (truncated, corrupt, foreign) are logged, deleted and reported as misses; I/O faults
-    never raise. ``on_evict(key)`` is called, outside the lock, for keys evicted to make room.
-    Chunks written by another store on the same root are visible to ``contains`` and ``get``.
+    The byte budget counts tensor payload bytes (:func:`tensors_nbytes`) of every chunk under
+    ``root``, whichever process wrote it. Faulty files found by ``get`` (truncated, corrupt,
+    foreign, symlinks) are logged, deleted and reported as misses; I/O faults never raise.
+    ``on_evict(key)`` is called, outside the lock, for keys this store evicted to make room.
     """
 
     def __init__(
@@ -83,7 +71,10 @@ class DiskStore:
         self._clock = 0.0
         self._hits = self._misses = self._evictions = self._errors = 0
         self._bytes_read = self._bytes_written = self._puts_since_flush = 0
-        self._chunks.mkdir(parents=True, exist_ok=True)
+        self._recount_due = False
+        self._write_log = RateLimitedWarning(logger, f"{name}: could not write")
+        make_private_dir(self._chunks)
+        self._ledger = OccupancyLedger(self.root)
         self._open()
 
     def add_eviction_listener(self, listener: EvictionListener) -> None:
@@ -146,7 +137,7 @@ class DiskStore:
         data = safetensors.torch.save(copies, metadata=meta)
         tmp = _tmp_path(path.parent, key)
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
+            make_private_dir(path.parent)
             _write_file(tmp, data)
         except OSError as exc:
             _unlink_quiet(tmp)
@@ -156,11 +147,13 @@ class DiskStore:
     def delete(self, key: str) -> bool:
         """Drop ``key`` and its file (listeners are not called); ``True`` when it was there."""
         path = self.path_for(key)
-        with self._lock:
+        with self._lock, self._ledger.locked() as led:
             entry = self._index.pop(key, None)
             if entry is not None:
                 self._occupancy -= entry.nbytes
+            size = entry.nbytes if entry is not None else _size_or_none(path, key)
             removed = _unlink_quiet(path)
+            self._uncount_locked(led, (size or 0) if removed else 0, size is None and removed)
         return entry is not None or removed
 
     def keys(self) -> list[str]:
@@ -168,8 +161,12 @@ class DiskStore:
         with self._lock:
             return list(self._index)
 
+    def shared_occupancy(self) -> int | None:
+        """Payload bytes under ``root`` by every process's count (``None``: must be recounted)."""
+        return self._ledger.peek()
+
     def stats(self) -> StoreStats:
-        """A consistent snapshot of the counters."""
+        """A consistent snapshot of the counters (occupancy: the chunks this store indexes)."""
         with self._lock:
             return StoreStats(
                 tier=self.name, hits=self._hits, misses=self._misses, evictions=self._evictions,
@@ -179,39 +176,40 @@ class DiskStore:
             )
 
     def close(self) -> None:
-        """Write the manifest; the store stays usable."""
+        """Write the manifest (and any suppressed write warnings); the store stays usable."""
+        self._write_log.flush()
         self._write_manifest()
 
     # -- get / put helpers -------------------------------------------------------------------
 
     def _missing(self, key: str, entry: _Entry | None) -> None:
-        """A miss; an indexed chunk whose file vanished (not by our own eviction) is a fault."""
+        """A miss; an indexed chunk whose file vanished (another store evicted it) is dropped."""
         with self._lock:
             self._misses += 1
             if entry is None or self._index.get(key) is not entry:
                 return None
             del self._index[key]
             self._occupancy -= entry.nbytes
-            self._errors += 1
-        logger.warning("%s: chunk %s is indexed but its file is missing", self.name, key)
+        logger.info("%s: chunk %s was removed by another store on this root", self.name, key)
         return None
 
     def _fault(self, key: str, path: Path, entry: _Entry | None, reason: str) -> None:
         """Log, count and delete a chunk file that cannot be trusted (unless replaced meanwhile)."""
         logger.warning("%s: chunk %s is unusable (%s); deleting it", self.name, key, reason)
-        with self._lock:
+        with self._lock, self._ledger.locked() as led:
             self._misses += 1
             self._errors += 1
             if self._index.get(key) is entry:
                 if entry is not None:
                     del self._index[key]
                     self._occupancy -= entry.nbytes
-                _unlink_quiet(path)
+                removed = _unlink_quiet(path)
+                size = entry.nbytes if entry is not None else None
+                self._uncount_locked(led, (size or 0) if removed else 0, size is None and removed)
         return None
 
     def _accept(self, key: str, entry: _Entry | None, sha: str, nbytes: int) -> None:
         """Count a verified read; touch its entry, or adopt a file another store wrote."""
-        evicted: list[str] = []
         with self._lock:
             self._hits += 1
             self._bytes_read += nbytes
@@ -222,11 +220,12 @@ class DiskStore:
                 current.last_used = self._stamp_locked()
                 self._index.move_to_end(key)
                 return
-            if current is not None:
-                logger.debug("%s: chunk %s was rewritten by another store", self.name, key)
-            evicted = self._insert_locked(key, nbytes, sha)
-            listeners = list(self._listeners)
-        notify_evicted(self.name, listeners, evicted)
+            old = self._index.pop(key, None)
+            if old is not None:
+                self._occupancy -= old.nbytes
+            if nbytes <= self.capacity_bytes:  # another store counted it in the ledger already
+                self._index[key] = _Entry(nbytes, sha, self._stamp_locked())
+                self._occupancy += nbytes
 
     def _touch_if_unchanged(self, key: str, sha: str, path: Path) -> bool:
         """Skip rewriting an indexed chunk with identical content; just mark it used."""
@@ -239,11 +238,16 @@ class DiskStore:
             return True
 
     def _commit(self, key: str, tmp: Path, path: Path, nbytes: int, sha: str) -> bool:
-        """Move a written temp file into place and index it (evicting for room)."""
+        """Move a written temp file into place, count it and evict until the root fits."""
         try:
-            with self._lock:
+            with self._lock, self._ledger.locked() as led:
+                if led.total is None or self._recount_due:
+                    self._recount_locked(led, {})
+                prior = _size_or_none(path, key) if os.path.lexists(path) else 0
                 os.replace(tmp, path)  # the only call here that can raise OSError
-                evicted = self._insert_locked(key, nbytes, sha)
+                led.total = (led.total or 0) + nbytes - (prior or 0)
+                self._recount_due |= prior is None
+                evicted = self._insert_locked(led, key, nbytes, sha)
                 self._bytes_written += nbytes
                 self._puts_since_flush += 1
                 flush = self._puts_since_flush >= self.manifest_every
@@ -258,33 +262,56 @@ class DiskStore:
         return True
 
     def _put_failed(self, key: str, exc: OSError) -> bool:
-        logger.warning("%s: could not write chunk %s: %s", self.name, key, exc)
+        self._write_log.event(f"chunk {key}: {exc}")  # a full disk fails every put
         with self._lock:
             self._errors += 1
         return False
 
-    def _insert_locked(self, key: str, nbytes: int, sha: str) -> list[str]:
-        """(Re)index ``key`` as most recently used, evicting LRU chunks so it fits."""
+    def _insert_locked(self, led: LedgerView, key: str, nbytes: int, sha: str) -> list[str]:
+        """(Re)index ``key`` (already on disk and counted) as most recently used, evicting."""
         old = self._index.pop(key, None)
         if old is not None:
             self._occupancy -= old.nbytes
-        if nbytes > self.capacity_bytes:  # only for adopted foreign chunks: serve, don't index
-            return []
-        evicted = self._evict_locked(nbytes)
+        evicted = self._evict_locked(led, nbytes)
+        recounted = self._index.pop(key, None)  # a recount while evicting indexes the new file
+        if recounted is not None:
+            self._occupancy -= recounted.nbytes
         self._index[key] = _Entry(nbytes, sha, self._stamp_locked())
         self._occupancy += nbytes
         return evicted
 
-    def _evict_locked(self, incoming: int) -> list[str]:
-        """Evict LRU chunks (deleting their files) until ``incoming`` more bytes fit."""
+    def _evict_locked(self, led: LedgerView, incoming: int) -> list[str]:
+        """Evict LRU chunks until the root's total and this index (+ ``incoming``) fit.
+
+        When this store's index runs out while the root is still over budget (the rest was
+        written by other processes), the directory is recounted and indexed once.
+        """
         evicted: list[str] = []
-        while self._index and self._occupancy + incoming > self.capacity_bytes:
+        recounted = False
+        while self._over_locked(led, incoming):
+            if not self._index:
+                if recounted:
+                    break
+                self._recount_locked(led, {})
+                recounted = True
+                continue
             key, entry = self._index.popitem(last=False)
             self._occupancy -= entry.nbytes
             self._evictions += 1
-            _unlink_quiet(self._chunks / key[:2] / f"{key}{SUFFIX}")
+            removed = _unlink_quiet(self._chunks / key[:2] / f"{key}{SUFFIX}")
+            self._uncount_locked(led, entry.nbytes if removed else 0, False)
             evicted.append(key)
         return evicted
+
+    def _over_locked(self, led: LedgerView, incoming: int) -> bool:
+        return ((led.total or 0) > self.capacity_bytes
+                or self._occupancy + incoming > self.capacity_bytes)
+
+    def _uncount_locked(self, led: LedgerView, nbytes: int, unknown: bool) -> None:
+        """Subtract a removed file; a removal of unknown size schedules a recount."""
+        if led.total is not None:
+            led.total = max(0, led.total - nbytes)
+        self._recount_due |= unknown
 
     def _stamp_locked(self) -> float:
         """A strictly increasing wall-clock time, so LRU order survives a manifest round trip."""
@@ -297,50 +324,25 @@ class DiskStore:
         """Atomically replace the manifest with the current index; ``False`` on I/O faults."""
         with self._manifest_lock:
             with self._lock:
-                entries = {
-                    k: {"bytes": e.nbytes, "sha256": e.sha256, "last_used": e.last_used}
-                    for k, e in self._index.items()
-                }
+                index = dict(self._index)
                 self._puts_since_flush = 0
-            manifest = {"format": MANIFEST_FORMAT, "entries": entries}
-            data = json.dumps(manifest, separators=(",", ":"))
-            tmp = _tmp_path(self.root, "manifest")
-            try:
-                _write_file(tmp, data.encode())
-                os.replace(tmp, self._manifest_path)
-            except OSError as exc:
-                _unlink_quiet(tmp)
-                logger.warning("%s: could not write the manifest: %s", self.name, exc)
+            error = write_manifest(self.root, self._manifest_path, index)
+            if error is not None:
+                logger.warning("%s: could not write the manifest: %s", self.name, error)
                 with self._lock:
                     self._errors += 1
                 return False
         _fsync_dir(self.root)
         return True
 
-    def _load_manifest(self) -> dict[str, _Entry]:
-        """Entries of a readable manifest; an unreadable one is ignored (the scan rebuilds it)."""
-        try:
-            raw = json.loads(self._manifest_path.read_bytes())
-        except FileNotFoundError:
-            return {}
-        except (OSError, ValueError) as exc:
-            logger.warning("%s: ignoring unreadable manifest: %s", self.name, exc)
-            return {}
-        items = raw.get("entries") if isinstance(raw, dict) else None
-        if not isinstance(items, dict) or raw.get("format") != MANIFEST_FORMAT:
-            logger.warning("%s: ignoring manifest of unknown format", self.name)
-            return {}
-        entries = {key: _entry_from_json(key, item) for key, item in items.items()}
-        return {key: entry for key, entry in entries.items() if entry is not None}
-
     def _scan(self) -> set[str]:
         """Keys of the chunk files on disk; stale temp files are removed on the way."""
         found: set[str] = set()
         for item in _scandir(self.root):
-            if item.is_file() and _is_stale_tmp(item):
+            if item.is_file(follow_symlinks=False) and _is_stale_tmp(item):
                 _unlink_quiet(Path(item.path))
         for shard in _scandir(self._chunks):
-            if not shard.is_dir():
+            if not shard.is_dir(follow_symlinks=False):
                 continue
             for item in _scandir(Path(shard.path)):
                 key = item.name[: -len(SUFFIX)] if item.name.endswith(SUFFIX) else ""
@@ -351,43 +353,59 @@ class DiskStore:
                     _unlink_quiet(Path(item.path))
         return found
 
-    def _entry_from_file(self, key: str) -> _Entry | None:
-        """Index entry for a chunk file the manifest does not know, from its header and stat."""
+    def _entry_from_file(self, key: str, last_used: float | None) -> _Entry | None:
+        """Index entry of a chunk file: bytes and sha256 from the file, never from a manifest."""
         path = self.path_for(key)
         try:
-            header = _read_header_file(path)
-            sha = _header_checksum(header, key)
-            entry = _Entry(_payload_bytes(header), sha, path.stat().st_mtime)
+            nbytes, sha = file_entry(path, key)
+            stamp = last_used if last_used is not None else os.lstat(path).st_mtime
         except _ChunkFault as fault:
             logger.warning("%s: chunk %s is unusable (%s); deleting it", self.name, key, fault)
-            with self._lock:
-                self._errors += 1
+            self._errors += 1
             _unlink_quiet(path)
             return None
         except OSError as exc:
             logger.warning("%s: skipping unreadable chunk %s: %s", self.name, key, exc)
             return None
-        return entry
+        return _Entry(nbytes, sha, stamp)
 
-    def _open(self) -> None:
-        """Rebuild the index from the manifest and a directory scan, then enforce the budget."""
-        manifest = self._load_manifest()
-        found = self._scan()
+    def _recount_locked(self, led: LedgerView, last_used: dict[str, float]) -> None:
+        """Rebuild the index and the root's counter from a scan of the chunk files."""
+        known = dict(self._index)
         entries: list[tuple[str, _Entry]] = []
-        for key in found:
-            entry = manifest.get(key) or self._entry_from_file(key)
+        for key in self._scan():
+            stamp = last_used.get(key, known[key].last_used if key in known else None)
+            entry = self._entry_from_file(key, stamp)
             if entry is not None:
                 entries.append((key, entry))
-        gone = len(manifest.keys() - found)
-        if gone or len(found) != len(manifest):
-            logger.info("%s: reconciled: %d chunks on disk, %d manifest entries dropped",
-                        self.name, len(found), gone)
         entries.sort(key=lambda item: item[1].last_used)
-        with self._lock:
-            for key, entry in entries:
-                self._index[key] = entry
-                self._occupancy += entry.nbytes
-                self._clock = max(self._clock, entry.last_used)
-            evicted = self._evict_locked(0)
+        self._index.clear()
+        for key, entry in entries:
+            self._index[key] = entry
+            self._clock = max(self._clock, entry.last_used)
+        self._occupancy = sum(entry.nbytes for _, entry in entries)
+        led.total = self._occupancy
+        self._recount_due = False
+
+    def _open(self) -> None:
+        """Index the chunk files (manifest: LRU order only), recount, enforce the budget."""
+        last_used = load_last_used(self._manifest_path, self.name)
+        with self._lock, self._ledger.locked() as led:
+            self._recount_locked(led, last_used)
+            dropped = len(last_used.keys() - self._index.keys())
+            if dropped:
+                logger.info("%s: reconciled: %d chunks on disk, %d manifest entries dropped",
+                            self.name, len(self._index), dropped)
+            evicted = self._evict_locked(led, 0)
             listeners = list(self._listeners)
         notify_evicted(self.name, listeners, evicted)
+
+
+def _size_or_none(path: Path, key: str) -> int | None:
+    """Payload bytes of the chunk file at ``path`` (0 if absent, ``None`` if unreadable)."""
+    try:
+        return file_entry(path, key)[0]
+    except FileNotFoundError:
+        return 0
+    except (_ChunkFault, OSError):
+        return None

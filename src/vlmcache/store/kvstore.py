@@ -1,7 +1,8 @@
-"""The chunk stores of a deployment (KV blocks, encoder outputs), shared per process.
+"""The chunk stores of a deployment: KV rows (the persistent KV tier) and encoder outputs.
 
-One :class:`TieredStore` per store directory per process, so the scheduler-side and
-worker-side connectors of one engine see the same memory tier.
+The persistent KV tier has one store per engine, opened beside the scheduler by
+:mod:`vlmcache.vllm.offload_tier` (its memory tier is vLLM's CPU offload region). Encoder
+outputs keep one :class:`TieredStore` per store directory per process.
 """
 
 from __future__ import annotations
@@ -14,7 +15,9 @@ from typing import Callable
 from vlmcache.config import VlmCacheConfig
 from vlmcache.store.disk import DiskStore
 from vlmcache.store.memory import MemoryStore
+from vlmcache.store.policy import memory_policy
 from vlmcache.store.tiered import TieredStore
+from vlmcache.store.redis_tiered import RedisBackedStore, with_redis  # issue 14B
 
 logger = logging.getLogger(__name__)
 
@@ -32,21 +35,37 @@ def kv_store_dir(config: VlmCacheConfig) -> Path:
 
 def open_kv_store(config: VlmCacheConfig) -> TieredStore:
     """A new memory-over-disk KV store with ``config``'s directory and budgets."""
-    memory = MemoryStore(config.memory_budget, name="memory")
+    memory = MemoryStore(config.memory_budget, name="memory",
+                         policy=memory_policy(config, config.memory_budget))
     if config.disk_budget == 0:
         return TieredStore(memory, None, name="kv")
     disk = DiskStore(kv_store_dir(config), config.disk_budget, name="disk")
-    behind = min(config.memory_budget, WRITE_BEHIND_MAX_BYTES) if config.disk_write == "async" else 0
-    return TieredStore(memory, disk, name="kv", write_behind_bytes=behind)
+    behind = (min(config.memory_budget, config.disk_write_queue)
+              if config.disk_write == "async" else 0)
+    return TieredStore(memory, disk, name="kv", write_behind_bytes=behind,
+                       disk_admission=config.admission_disk,
+                       ghost_entries=config.admission_ghost_entries)
 
 
-def open_encoder_store(config: VlmCacheConfig) -> TieredStore:
+def open_persistent_kv_store(config: VlmCacheConfig) -> DiskStore | RedisBackedStore:
+    """The persistent KV tier's chunk store (one per engine, beside its scheduler): the
+    memory tier is vLLM's CPU offload region, sized by ``memory_budget``."""
+    disk = DiskStore(kv_store_dir(config), config.disk_budget, name="kv-disk")
+    return with_redis(config, disk, "kv")  # issue 14B: Redis behind the disk, if set
+
+
+def open_encoder_store(config: VlmCacheConfig) -> TieredStore | RedisBackedStore:
     """A new memory-over-disk store for encoder outputs with ``config``'s budgets."""
-    memory = MemoryStore(config.encoder_memory_budget, name="encoder-memory")
+    memory = MemoryStore(config.encoder_memory_budget, name="encoder-memory",
+                         policy=memory_policy(config, config.encoder_memory_budget))
     disk = DiskStore(config.store_dir / "encoder", config.encoder_disk_budget,
                      name="encoder-disk")
-    behind = ENCODER_WRITE_BEHIND_BYTES if config.disk_write == "async" else 0
-    return TieredStore(memory, disk, name="encoder", write_behind_bytes=behind)
+    behind = (min(ENCODER_WRITE_BEHIND_BYTES, config.disk_write_queue)
+              if config.disk_write == "async" else 0)
+    store = TieredStore(memory, disk, name="encoder", write_behind_bytes=behind,
+                        disk_admission=config.admission_disk,
+                        ghost_entries=config.admission_ghost_entries)
+    return with_redis(config, store, "encoder")  # issue 14B: Redis behind, if set
 
 
 def _shared(root: Path, open_store: Callable[[], TieredStore]) -> TieredStore:
@@ -56,11 +75,6 @@ def _shared(root: Path, open_store: Callable[[], TieredStore]) -> TieredStore:
             store = open_store()
             _registry[root] = store
         return store
-
-
-def shared_kv_store(config: VlmCacheConfig) -> TieredStore:
-    """The process-wide KV store of ``config.store_dir`` (opened on first use)."""
-    return _shared(kv_store_dir(config).resolve(), lambda: open_kv_store(config))
 
 
 def shared_encoder_store(config: VlmCacheConfig) -> TieredStore:

@@ -1,15 +1,15 @@
-"""A byte-bounded LRU chunk store in CPU memory."""
+"""A byte-bounded chunk store in CPU memory (LRU, or a per-tenant :class:`TierPolicy`)."""
 
 from __future__ import annotations
 
 import logging
 import threading
-from collections import OrderedDict
 from typing import Iterable
 
 import torch
 
 from vlmcache.store.base import EvictionListener, StoreStats, Tensors, tensors_nbytes
+from vlmcache.store.policy import Tenant, TenantLedger, TenantStats, TierPolicy
 
 logger = logging.getLogger(__name__)
 
@@ -47,7 +47,11 @@ def notify_evicted(store: str, listeners: Iterable[EvictionListener], keys: Iter
 
 
 class MemoryStore:
-    """Thread-safe LRU store of CPU tensors bounded by payload bytes (:func:`tensors_nbytes`).
+    """Thread-safe store of CPU tensors bounded by payload bytes (:func:`tensors_nbytes`).
+
+    Eviction order, admission and per-tenant quotas follow ``policy`` (default: global LRU,
+    everything admitted); ``tenant`` on :meth:`put` and :meth:`get` attributes bytes, hits
+    and misses to a tenant (:meth:`tenant_stats`).
 
     ``put`` keeps private copies, so later in-place writes by the caller do not alias the store.
     ``get`` returns a new dict holding the stored tensors themselves (no copy): treat them as
@@ -60,13 +64,15 @@ class MemoryStore:
         capacity_bytes: int,
         name: str = "memory",
         on_evict: EvictionListener | None = None,
+        policy: TierPolicy | None = None,
     ) -> None:
         if capacity_bytes < 0:
             raise ValueError(f"capacity_bytes must be >= 0, got {capacity_bytes}")
         self.name = name
         self.capacity_bytes = capacity_bytes
         self._lock = threading.Lock()
-        self._entries: OrderedDict[str, tuple[dict[str, torch.Tensor], int]] = OrderedDict()
+        self._entries: dict[str, tuple[dict[str, torch.Tensor], int]] = {}
+        self._ledger = TenantLedger(policy or TierPolicy(), capacity_bytes)
         self._listeners: list[EvictionListener] = [on_evict] if on_evict is not None else []
         self._occupancy = 0
         self._hits = self._misses = self._evictions = 0
@@ -82,35 +88,46 @@ class MemoryStore:
         with self._lock:
             return key in self._entries
 
-    def get(self, key: str) -> dict[str, torch.Tensor] | None:
-        """The stored tensors (marked most recently used), or ``None`` on a miss."""
+    def get(self, key: str, *, tenant: Tenant = None) -> dict[str, torch.Tensor] | None:
+        """The stored tensors (marked used), or ``None`` on a miss (counted for ``tenant``)."""
         with self._lock:
             entry = self._entries.get(key)
             if entry is None:
                 self._misses += 1
+                self._ledger.miss(tenant)
                 return None
-            self._entries.move_to_end(key)
+            self._ledger.hit(key)
             self._hits += 1
             self._bytes_read += entry[1]
             return dict(entry[0])
 
-    def put(self, key: str, tensors: Tensors, *, owned: bool = False) -> bool:
-        """Store a copy of ``tensors``, evicting LRU chunks; ``False`` if larger than capacity.
+    def put(self, key: str, tensors: Tensors, *, owned: bool = False,
+            tenant: Tenant = None, admitted: bool = False) -> bool:
+        """Store a copy of ``tensors`` for ``tenant``, evicting as the policy says.
 
-        ``owned=True``: the caller hands over CPU tensors nobody else writes (e.g. views of a
-        pinned staging buffer); they are kept as they are, without a copy.
+        ``False`` when the chunk is larger than the capacity or the tenant's quota, or the
+        policy does not admit it yet (second sight). ``owned=True``: the caller hands over CPU
+        tensors nobody else writes (e.g. views of a pinned staging buffer); they are kept as
+        they are, without a copy. ``admitted=True`` skips the admission filter (the chunk
+        proved itself already, e.g. it was just read from a lower tier).
         """
         nbytes = tensors_nbytes(tensors)
-        if nbytes > self.capacity_bytes:
-            logger.debug("%s: chunk %s (%d B) exceeds capacity", self.name, key, nbytes)
-            return False
+        with self._lock:
+            if not self._ledger.fits(nbytes):
+                logger.debug("%s: chunk %s (%d B) exceeds capacity or quota", self.name, key,
+                             nbytes)
+                return False
+            if not admitted and not self._ledger.admit(key, tenant):
+                return False
         copies = _owned_tensors(tensors) if owned else snapshot_tensors(tensors)
         with self._lock:
             old = self._entries.pop(key, None)
             if old is not None:
                 self._occupancy -= old[1]
-            evicted = self._evict_locked(nbytes)
+                self._ledger.remove(key)
+            evicted = self._evict_locked(tenant, nbytes)
             self._entries[key] = (copies, nbytes)
+            self._ledger.add(key, tenant, nbytes)
             self._occupancy += nbytes
             self._bytes_written += nbytes
             listeners = list(self._listeners)
@@ -124,12 +141,18 @@ class MemoryStore:
             if entry is None:
                 return False
             self._occupancy -= entry[1]
+            self._ledger.remove(key)
             return True
 
     def keys(self) -> list[str]:
-        """Stored keys, least recently used first."""
+        """Stored keys in eviction order: least recently used (never-reused ones) first."""
         with self._lock:
-            return list(self._entries)
+            return self._ledger.order()
+
+    def tenant_stats(self) -> list[TenantStats]:
+        """Per-tenant hits, misses, evictions, entries, occupancy and bytes of this tier."""
+        with self._lock:
+            return self._ledger.tenant_stats()
 
     def stats(self) -> StoreStats:
         """A consistent snapshot of the counters (``errors`` is always 0 in memory)."""
@@ -150,12 +173,11 @@ class MemoryStore:
     def close(self) -> None:
         """Nothing to flush; the store stays usable."""
 
-    def _evict_locked(self, incoming: int) -> list[str]:
-        """Evict LRU entries until ``incoming`` more bytes fit; caller holds the lock."""
-        evicted: list[str] = []
-        while self._entries and self._occupancy + incoming > self.capacity_bytes:
-            key, (_, nbytes) = self._entries.popitem(last=False)
+    def _evict_locked(self, tenant: Tenant, incoming: int) -> list[str]:
+        """Evict the policy's victims until ``incoming`` bytes of ``tenant`` fit (lock held)."""
+        evicted = self._ledger.victims(tenant, incoming, self._occupancy)
+        for key in evicted:
+            _, nbytes = self._entries.pop(key)
             self._occupancy -= nbytes
             self._evictions += 1
-            evicted.append(key)
         return evicted

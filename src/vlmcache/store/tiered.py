@@ -11,6 +11,7 @@ import torch
 from vlmcache.store.base import EvictionListener, StoreStats, Tensors, tensors_nbytes
 from vlmcache.store.disk import DiskStore, check_key
 from vlmcache.store.memory import MemoryStore, notify_evicted
+from vlmcache.store.policy import Admission, GhostFilter, Tenant, TenantStats
 from vlmcache.store.writeback import WriteBehind
 
 logger = logging.getLogger(__name__)
@@ -29,6 +30,10 @@ class TieredStore:
     ``stats()`` aggregates: hits/misses/bytes_read/bytes_written/evictions count requests to the
     tiered store itself, entries is the number of distinct keys, occupancy and capacity are the
     sums over tiers, errors the sum of the tiers' errors. :meth:`tier_stats` gives each tier's own.
+
+    ``disk_admission="second_sight"`` writes a chunk to disk only the second time it is put
+    (the memory tier has its own policy). ``tenant`` attributes a request to a tenant for the
+    memory tier's quotas and :meth:`tenant_stats`.
     """
 
     def __init__(
@@ -38,6 +43,8 @@ class TieredStore:
         name: str = "tiered",
         on_evict: EvictionListener | None = None,
         write_behind_bytes: int = 0,
+        disk_admission: Admission = "always",
+        ghost_entries: int = 65_536,
     ) -> None:
         self.name = name
         self.memory = memory
@@ -46,6 +53,8 @@ class TieredStore:
         self.writer = (WriteBehind(disk, write_behind_bytes)
                        if disk is not None and write_behind_bytes > 0 else None)
         self._lock = threading.Lock()
+        self._final_writer: WriteBehind | None = None
+        self._disk_ghost = GhostFilter(ghost_entries) if disk_admission == "second_sight" else None
         self._listeners: list[EvictionListener] = [on_evict] if on_evict is not None else []
         self._hits = self._misses = self._evictions = 0
         self._bytes_read = self._bytes_written = 0
@@ -74,19 +83,19 @@ class TieredStore:
         if self.disk is None:
             return False
         tensors = self.disk.get(key)
-        return tensors is not None and self.memory.put(key, tensors)
+        return tensors is not None and self.memory.put(key, tensors, admitted=True)
 
-    def get(self, key: str) -> dict[str, torch.Tensor] | None:
+    def get(self, key: str, *, tenant: Tenant = None) -> dict[str, torch.Tensor] | None:
         """The chunk from memory, else from disk (then promoted into memory), else ``None``."""
         self._check(key)
-        tensors = self.memory.get(key)
+        tensors = self.memory.get(key, tenant=tenant)
         if tensors is not None:
             if self.disk is not None:
                 self.disk.touch(key)
         elif self.disk is not None:
             tensors = self.disk.get(key)
             if tensors is not None:
-                self.memory.put(key, tensors)
+                self.memory.put(key, tensors, tenant=tenant, admitted=True)
         with self._lock:
             if tensors is None:
                 self._misses += 1
@@ -95,17 +104,19 @@ class TieredStore:
                 self._bytes_read += tensors_nbytes(tensors)
         return tensors
 
-    def put(self, key: str, tensors: Tensors, *, owned: bool = False) -> bool:
+    def put(self, key: str, tensors: Tensors, *, owned: bool = False,
+            tenant: Tenant = None) -> bool:
         """Write to memory and through to disk; ``True`` if at least one tier kept the chunk.
 
         ``owned``: see :meth:`MemoryStore.put` (the memory tier keeps the tensors uncopied).
         """
         self._check(key)
-        kept = self.memory.put(key, tensors, owned=owned)
-        if self.writer is not None:
-            kept = self.writer.submit(key, tensors) or kept
-        elif self.disk is not None:
-            kept = self.disk.put(key, tensors) or kept
+        kept = self.memory.put(key, tensors, owned=owned, tenant=tenant)
+        if self.disk is not None and self._disk_admits(key):
+            if self.writer is not None:
+                kept = self.writer.submit(key, tensors) or kept
+            else:
+                kept = self.disk.put(key, tensors) or kept
         if kept:
             with self._lock:
                 self._bytes_written += tensors_nbytes(tensors)
@@ -127,6 +138,10 @@ class TieredStore:
         on_disk = set(disk_keys)
         return disk_keys + [key for key in memory_keys if key not in on_disk]
 
+    def tenant_stats(self) -> list[TenantStats]:
+        """The memory tier's per-tenant counters (hits, misses, evictions, occupancy, bytes)."""
+        return self.memory.tenant_stats()
+
     def tier_stats(self) -> list[StoreStats]:
         """Each tier's own counters, memory first."""
         return [tier.stats() for tier in self._tiers()]
@@ -135,6 +150,8 @@ class TieredStore:
         """Aggregate counters of the tiered store (see the class docstring)."""
         tiers = self.tier_stats()
         entries = len(self.keys())
+        live = self.writer or self._final_writer
+        writer = live.stats() if live is not None else None
         with self._lock:
             return StoreStats(
                 tier=self.name,
@@ -147,6 +164,8 @@ class TieredStore:
                 bytes_read=self._bytes_read,
                 bytes_written=self._bytes_written,
                 errors=sum(s.errors for s in tiers),
+                writes_dropped=writer.dropped if writer is not None else 0,
+                writes_lost=writer.lost if writer is not None else 0,
             )
 
     def flush(self) -> None:
@@ -161,11 +180,18 @@ class TieredStore:
         writer, self.writer = self.writer, None
         if writer is not None:
             writer.close()
+            self._final_writer = writer  # its counters stay in stats()
         for tier in self._tiers():
             tier.close()
 
     def _tiers(self) -> list[MemoryStore | DiskStore]:
         return [self.memory] if self.disk is None else [self.memory, self.disk]
+
+    def _disk_admits(self, key: str) -> bool:
+        if self._disk_ghost is None or self.disk is None or self.disk.contains(key):
+            return True
+        with self._lock:
+            return self._disk_ghost.second_sight(key)
 
     def _check(self, key: str) -> None:
         """Reject keys the disk tier cannot store before touching either tier."""

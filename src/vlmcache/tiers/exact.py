@@ -23,6 +23,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Sequence
 
+from vlmcache.store.chunkfile import _tmp_path, _unlink_quiet, _write_file, make_private_dir
+
 logger = logging.getLogger(__name__)
 
 _SPACE_RE = re.compile(r"\s+")
@@ -40,9 +42,41 @@ class ExactRecord:
     created: float
 
 
+# Spans folded by nothing (not even spacing): code blocks, inline code, quotations. A
+# single quote opens a quotation only at a word boundary (not the one in "what's").
+_VERBATIM_RE = re.compile(r"```.*?```|`[^`]*`|\"[^\"]*\"|\u201c[^\u201d]*\u201d"
+                          r"|\u2018[^\u2019]*\u2019|(?<![\w'])'[^'\n]*'(?![\w'])", re.DOTALL)
+# A sentence-initial word in plain sentence case ("What", not "WHAT", "iPhone" or "Ab3X").
+_SENTENCE_START_RE = re.compile(r"(^|[.!?:\n]\s*)([A-Z])(?=[a-z]*\b)(?![a-z]*[A-Z0-9_])")
+
+
 def normalize_prompt(text: str) -> str:
-    """Unicode NFKC, case-folded, whitespace runs collapsed, ends stripped."""
-    return _SPACE_RE.sub(" ", unicodedata.normalize("NFKC", text).casefold()).strip()
+    """Fold only what cannot change meaning: spacing and plain sentence case.
+
+    Unicode is put in canonical form (NFC: the same characters, encoded alike); NFKC is
+    not applied because it merges characters that differ in meaning (``x²``/``x2``,
+    ``H₂O``/``H2O``, ``½``, ``①``, ``℃``). Outside quotations and code, whitespace runs
+    collapse to one space and a sentence's first word loses its capital when it is
+    written in sentence case (``What`` -> ``what``); no other case is folded (``US`` vs
+    ``us``, ``aB3x`` vs ``Ab3X``, ``Straße`` vs ``strasse`` stay apart). Quoted and code
+    spans are kept verbatim.
+    """
+    text = unicodedata.normalize("NFC", text).strip()
+    parts, last = [], 0
+    for m in _VERBATIM_RE.finditer(text):
+        parts.append(_fold_plain(text[last:m.start()], at_start=last == 0))
+        parts.append(m.group(0))
+        last = m.end()
+    parts.append(_fold_plain(text[last:], at_start=last == 0))
+    return "".join(parts).strip()
+
+
+def _fold_plain(segment: str, at_start: bool) -> str:
+    """Collapse spacing, lower-case sentence-initial sentence-case words (not in quotes)."""
+    folded = _SENTENCE_START_RE.sub(lambda m: m.group(1) + m.group(2).lower(),
+                                    segment if at_start else "\0" + segment)
+    folded = folded if at_start else folded[1:]
+    return _SPACE_RE.sub(" ", folded)
 
 
 class ExactTextTier:
@@ -94,10 +128,10 @@ class ExactTextTier:
         return len(self._entries)
 
     def _append(self, rec: ExactRecord) -> None:
+        line = (json.dumps(asdict(rec), separators=(",", ":")) + "\n").encode()
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            with open(self.path, "a", encoding="utf-8") as f:
-                f.write(json.dumps(asdict(rec), separators=(",", ":")) + "\n")
+            make_private_dir(self.path.parent)
+            _append_line(self.path, line)
             self._log_lines += 1
             if self._log_lines > 2 * max(len(self._entries), 64):
                 self._compact()
@@ -106,20 +140,27 @@ class ExactTextTier:
                            self.path, exc)
 
     def _compact(self) -> None:
-        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
-        with open(tmp, "w", encoding="utf-8") as f:
-            for rec in self._entries.values():
-                f.write(json.dumps(asdict(rec), separators=(",", ":")) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self.path)
+        tmp = _tmp_path(self.path.parent, "exact")  # O_EXCL|O_NOFOLLOW, 0600: see _write_file
+        data = "".join(json.dumps(asdict(rec), separators=(",", ":")) + "\n"
+                       for rec in self._entries.values())
+        try:
+            _write_file(tmp, data.encode())
+            os.replace(tmp, self.path)
+        except OSError:
+            _unlink_quiet(tmp)
+            raise
         self._log_lines = len(self._entries)
 
     def _load(self) -> None:
         if not self.path.is_file():
             return
         bad = 0
-        with open(self.path, encoding="utf-8", errors="replace") as f:
+        try:  # never through a planted symlink
+            fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+        except OSError as exc:
+            logger.warning("exact tier: cannot read %s (%s); starting empty", self.path, exc)
+            return
+        with open(fd, encoding="utf-8", errors="replace") as f:
             for line in f:
                 self._log_lines += 1
                 rec = _parse_record(line)
@@ -132,6 +173,27 @@ class ExactTextTier:
             self._entries.popitem(last=False)
         if bad:
             logger.warning("exact tier: skipped %d unreadable line(s) in %s", bad, self.path)
+
+
+def _append_line(path: Path, line: bytes) -> None:
+    """Append ``line`` to the 0600 log, first ending a torn last line (a failed earlier write).
+
+    The fragment then stays a line of its own that loading skips, instead of swallowing the
+    record appended after it. A write that fails part-way raises; the next append repairs it.
+    """
+    flags = os.O_RDWR | os.O_APPEND | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0)
+    fd = os.open(path, flags, 0o600)
+    try:
+        size = os.fstat(fd).st_size
+        if size and os.pread(fd, 1, size - 1) != b"\n":
+            logger.warning("exact tier: %s ends in a torn line; closing it before appending",
+                           path)
+            line = b"\n" + line
+        view = memoryview(line)
+        while view:  # os.write may write less than asked on a nearly full disk
+            view = view[os.write(fd, view):]
+    finally:
+        os.close(fd)
 
 
 def _parse_record(line: str) -> ExactRecord | None:

@@ -1,7 +1,11 @@
 """Image embedding tier (L2, vision layer): near-duplicate image -> its canonical image.
 
 A request's image is matched against the canonical images seen before (same namespace,
-same tenant) by an image embedder and a FAISS index. A hit replaces the image by the
+same tenant: the tenant's own scope of the index, no scan of other tenants) by an image
+embedder and a FAISS index. The index only proposes candidates (cosine at least
+``threshold``, at most ``candidates`` of them); each is then verified on aligned RGB
+thumbnails (:mod:`vlmcache.tiers.verify`: colour, layout, mirror, objects added or
+removed) and the first whose distance is at most ``verify_threshold`` wins. A hit replaces the image by the
 canonical one: its identity (content hash, hence vLLM's ``multi_modal_uuids``) *and* its
 stored pixels, so a cache that evicted it recomputes the canonical image, never stores the
 new image's KV under the canonical name. Canonical pixels live in a bounded chunk store;
@@ -14,9 +18,11 @@ import atexit
 import hashlib
 import logging
 import time
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 import torch
@@ -24,12 +30,14 @@ import torch
 from vlmcache.embedders.base import Memoized
 from vlmcache.index.faiss_index import IndexEntry, VectorIndex
 from vlmcache.store.tiered import TieredStore
+from vlmcache.tiers.verify import Prepared, prepare, verify
 
 logger = logging.getLogger(__name__)
 
 _MODES = {1: "L", 3: "RGB", 4: "RGBA"}
 SAVE_EVERY = 64
 SAVE_INTERVAL_S = 2.0
+PREPARED_MEMO = 256  # verifier views of canonical images kept (about 60 KB each)
 
 
 @dataclass(frozen=True)
@@ -40,6 +48,7 @@ class ImageMatch:
     canonical_hash: str
     score: float
     image: Any  # PIL.Image.Image: the canonical pixels (None from ImageEmbeddingTier.best)
+    distance: float = 0.0  # the verifier's distance to the canonical image (0: itself)
 
 
 def image_store_key(namespace_digest: str, tenant: str | None, content_hash: str) -> str:
@@ -76,52 +85,92 @@ class ImageEmbeddingTier:
         namespace_digest: binds entries and stored pixels to model, weights and salt.
         embedder: memoized image embedder (keyed by image content hash).
         store: bounded chunk store for canonical pixels (its evictions drop index entries).
-        threshold: cosine similarity a near-duplicate must reach.
+        threshold: cosine similarity a candidate must reach.
+        verify_threshold: the verifier distance a candidate may not exceed.
+        candidates: candidates verified per lookup, best cosine first.
     """
 
     def __init__(self, index_path: Path, namespace_digest: str, embedder: Memoized,
-                 store: TieredStore, threshold: float, hnsw_threshold: int = 20_000) -> None:
+                 store: TieredStore, threshold: float, hnsw_threshold: int = 20_000,
+                 verify_threshold: float = 0.2, candidates: int = 4) -> None:
         self.namespace_digest = namespace_digest
         self.embedder = embedder
         self.store = store
         self.threshold = threshold
+        self.verify_threshold = verify_threshold
+        self.candidates = candidates
         self.index = VectorIndex(embedder.dim, index_path, hnsw_threshold)
+        self._prepared: OrderedDict[str, Prepared] = OrderedDict()
+        self._prepared_lock = threading.Lock()
         self._last_save = time.monotonic()
         store.add_eviction_listener(self._evicted)
         atexit.register(self.flush)
 
     def lookup(self, image: Any, content_hash: str, tenant: str | None) -> ImageMatch | None:
-        """The best canonical image of ``tenant`` at or above the threshold, or ``None``."""
+        """The first verified canonical image of ``tenant`` at or above the threshold."""
         own = image_store_key(self.namespace_digest, tenant, content_hash)
         if self.index.get(own) is not None:
             return ImageMatch(content_hash, 1.0, image)
-        vec = self.embedder.embed([image], [content_hash])[0]
-        for hit in self.index.search(vec, k=4, accept=lambda e: e.tenant == tenant):
-            if hit.score < self.threshold:
-                break
-            tensors = self.store.get(hit.entry.key)
-            if tensors is None:  # pixels gone: the entry must go too
-                self.index.remove([hit.entry.key])
-                continue
-            return ImageMatch(hit.entry.context, hit.score, tensors_to_image(tensors))
+        for hit, tensors, distance in self._verified(image, content_hash, tenant, True):
+            if distance <= self.verify_threshold:
+                return ImageMatch(hit.entry.context, hit.score, tensors_to_image(tensors),
+                                  distance)
+            logger.debug("image tier: candidate %s (cosine %.3f) refused by the verifier "
+                         "(distance %.3f > %.3f)", hit.entry.context[:12], hit.score,
+                         distance, self.verify_threshold)
         return None
 
     def best(self, image: Any, content_hash: str, tenant: str | None) -> ImageMatch | None:
-        """The best canonical image of ``tenant`` whatever its score (``image`` is ``None``).
+        """The best verified canonical image of ``tenant`` whatever its cosine score.
 
-        Picks what :meth:`lookup` would at threshold -1: an image that is itself canonical
-        is its own candidate (score 1.0), and entries whose pixels are gone are passed
-        over. No side effects besides the embedding memo: pixels are not loaded and
-        stale entries are not removed.
+        Picks what :meth:`lookup` would at cosine threshold -1 (``image`` is ``None``):
+        an image that is itself canonical is its own candidate (score 1.0); candidates
+        whose pixels are gone are passed over. No side effects besides the memos.
         """
         own = image_store_key(self.namespace_digest, tenant, content_hash)
         if self.index.get(own) is not None:
             return ImageMatch(content_hash, 1.0, None)
-        vec = self.embedder.embed([image], [content_hash])[0]
-        for hit in self.index.search(vec, k=4, accept=lambda e: e.tenant == tenant):
-            if self.store.contains(hit.entry.key):
-                return ImageMatch(hit.entry.context, hit.score, None)
+        for hit, _, distance in self._verified(image, content_hash, tenant, False):
+            if distance <= self.verify_threshold:
+                return ImageMatch(hit.entry.context, hit.score, None, distance)
         return None
+
+    def verified_candidates(self, image: Any, content_hash: str,
+                            tenant: str | None) -> list[tuple[Any, Any, float]]:
+        """Every candidate (up to ``candidates``) with its verifier distance, whatever
+        its cosine: (index hit, canonical pixels, distance). For calibration."""
+        return list(self._verified(image, content_hash, tenant, False))
+
+    def _verified(self, image: Any, content_hash: str, tenant: str | None,
+                  thresholded: bool) -> Iterator[tuple[Any, Any, float]]:
+        """(hit, canonical pixels, verifier distance) per candidate, best cosine first."""
+        vec = self.embedder.embed([image], [content_hash])[0]
+        query: Prepared | None = None
+        for hit in self.index.search_scope(vec, str(tenant), k=self.candidates):
+            if thresholded and hit.score < self.threshold:
+                return
+            tensors = self.store.get(hit.entry.key)
+            if tensors is None:  # pixels gone: the entry must go too (lookup only)
+                if thresholded:
+                    self.index.remove([hit.entry.key])
+                continue
+            query = query or prepare(image, (1.0,))
+            verdict = verify(query, self._prepared_view(hit.entry.key, tensors),
+                             good_enough=self.verify_threshold)
+            yield hit, tensors, verdict.distance
+
+    def _prepared_view(self, key: str, tensors: dict[str, torch.Tensor]) -> Prepared:
+        with self._prepared_lock:
+            found = self._prepared.get(key)
+            if found is not None:
+                self._prepared.move_to_end(key)
+                return found
+        fresh = prepare(tensors_to_image(tensors))
+        with self._prepared_lock:
+            self._prepared[key] = fresh
+            while len(self._prepared) > PREPARED_MEMO:
+                self._prepared.popitem(last=False)
+        return fresh
 
     def record(self, image: Any, content_hash: str, tenant: str | None) -> bool:
         """Make ``image`` canonical (store pixels, index it); ``False`` if not kept."""
@@ -148,5 +197,7 @@ class ImageEmbeddingTier:
             self.flush()
 
     def _evicted(self, key: str) -> None:
+        with self._prepared_lock:
+            self._prepared.pop(key, None)
         if self.index.remove([key]):
             logger.debug("image tier: canonical image %s evicted, index entry removed", key[:12])

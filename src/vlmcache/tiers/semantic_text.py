@@ -8,8 +8,12 @@ Two layers share one text embedder and differ in what they embed:
   prompt).
 
 Both only match cached requests of the same tenant about the same canonical images (the
-*context*), and both pass the paraphrase gate (:mod:`vlmcache.tiers.gates`). A hit names
-the cached question/prompt the request is rewritten to; everything below caches exactly.
+*context*): each (tenant, context) is a scope of the index, searched on its own rows only
+(no scan), and both pass the paraphrase gate (:mod:`vlmcache.tiers.gates`). A candidate
+is accepted at the layer's threshold, or, second stage, at the lower
+``facet_threshold`` when the gate recognised the question's kind and every facet and
+content word agrees (:func:`~vlmcache.tiers.gates.second_stage_ok`, with the gate on). A hit names the cached question/prompt the request is rewritten to;
+everything below caches exactly.
 """
 
 from __future__ import annotations
@@ -22,14 +26,14 @@ import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Sequence
 
 import numpy as np
 
 from vlmcache.embedders.base import Memoized
 from vlmcache.index.faiss_index import IndexEntry, VectorIndex
 from vlmcache.tiers.exact import normalize_prompt
-from vlmcache.tiers.gates import check_paraphrase
+from vlmcache.tiers.gates import check_paraphrase, second_stage_ok
 
 logger = logging.getLogger(__name__)
 
@@ -88,18 +92,21 @@ class SemanticTextTier:
         embedder: memoized text embedder.
         thresholds: minimum cosine per layer (``semantic_text``, ``embedding:prompt``).
         gate: refuse hits whose questions differ in negation/colour/shape/number/side.
+        facet_threshold: the second stage's lower cosine (``None``: no second stage).
+        hnsw_threshold: unused (kept for callers): searches are per scope, exact.
     """
 
     def __init__(self, index_dir: Path, namespace_digest: str, embedder: Memoized,
                  thresholds: dict[str, float], gate: bool = True,
-                 hnsw_threshold: int = 20_000) -> None:
+                 hnsw_threshold: int = 20_000, facet_threshold: float | None = None) -> None:
         self.namespace_digest = namespace_digest
         self.embedder = embedder
         self.thresholds = dict(thresholds)
         self.gate = gate
+        self.facet_threshold = facet_threshold
         stem = namespace_digest[:24]
         self.indexes = {layer: VectorIndex(embedder.dim, index_dir / f"{stem}.{name}",
-                                           hnsw_threshold)
+                                           None, scope_of=entry_scope)
                         for layer, name in ((QUESTION_LAYER, "question"),
                                             (PROMPT_LAYER, "prompt"))}
         self._last_save = time.monotonic()
@@ -108,24 +115,43 @@ class SemanticTextTier:
     def lookup(self, query: TextQuery, layers: Sequence[str]) -> TextLookup:
         """Best gated match over ``layers`` (ties go to the later layer, L1)."""
         vecs = self._vectors(query, layers)
-        accept = _same_scope(query)
+        scope = query_scope(query)
         best: TextMatch | None = None
         scores: dict[str, float] = {}
         refused: list[str] = []
         for layer in layers:
-            for hit in self.indexes[layer].search(vecs[layer], k=4, accept=accept):
+            floor = self._floor(layer)
+            for hit in self.indexes[layer].search_scope(vecs[layer], scope, k=4):
                 scores[layer] = max(scores.get(layer, -1.0), hit.score)
-                if hit.score < self.thresholds[layer]:
+                if hit.score < floor:
                     break
                 cached_q = json.loads(hit.entry.aux)["question"]
-                verdict = check_paraphrase(query.question, cached_q) if self.gate else None
-                if verdict is not None and not verdict.ok:
-                    refused.append(f"{layer}: {verdict.reason}")
+                reason = self._refusal(layer, query.question, cached_q, hit.score)
+                if reason:
+                    refused.append(f"{layer}: {reason}")
                     continue
                 if best is None or hit.score >= best.score:
                     best = TextMatch(layer, cached_q, hit.entry.text, hit.score)
                 break
         return TextLookup(best, scores, tuple(refused))
+
+    def _floor(self, layer: str) -> float:
+        """The lowest cosine a candidate of ``layer`` can be accepted at."""
+        if self.gate and self.facet_threshold is not None:
+            return min(self.thresholds[layer], self.facet_threshold)
+        return self.thresholds[layer]
+
+    def _refusal(self, layer: str, question: str, cached: str, score: float) -> str:
+        """Why a candidate at ``score`` is refused ("" if it is accepted)."""
+        verdict = check_paraphrase(question, cached) if self.gate else None
+        if verdict is not None and not verdict.ok:
+            return verdict.reason
+        if score >= self.thresholds[layer]:
+            return ""
+        if second_stage_ok(question, cached):  # known kind, same facets and content words
+            return ""
+        return (f"cosine {score:.3f} below {self.thresholds[layer]}, and the kind or "
+                "content words differ")
 
     def best(self, query: TextQuery, layers: Sequence[str]) -> TextMatch | None:
         """The best same-tenant, same-context entry over ``layers``, whatever its score.
@@ -136,7 +162,7 @@ class SemanticTextTier:
         vecs = self._vectors(query, layers)
         best: TextMatch | None = None
         for layer in layers:
-            for hit in self.indexes[layer].search(vecs[layer], k=1, accept=_same_scope(query)):
+            for hit in self.indexes[layer].search_scope(vecs[layer], query_scope(query), k=1):
                 if best is None or hit.score >= best.score:
                     best = TextMatch(layer, json.loads(hit.entry.aux)["question"],
                                      hit.entry.text, hit.score)
@@ -177,6 +203,11 @@ class SemanticTextTier:
         return hashlib.sha256(payload.encode()).hexdigest()
 
 
-def _same_scope(query: TextQuery) -> Callable[[IndexEntry], bool]:
-    """Index filter: entries of the query's tenant about the query's images."""
-    return lambda e: e.tenant == query.tenant and e.context == query.context
+def entry_scope(entry: IndexEntry) -> str:
+    """An entry's scope: its tenant and the canonical images it is about."""
+    return f"{entry.tenant}\0{entry.context}"
+
+
+def query_scope(query: TextQuery) -> str:
+    """The scope a query searches (see :func:`entry_scope`)."""
+    return f"{query.tenant}\0{query.context}"

@@ -1,6 +1,7 @@
 """Differences between the vLLM versions vlmcache supports (0.26 on GPUs to 0.32 on CPUs).
 
-Every version check lives here; the connectors call these functions instead of branching.
+Every version check lives here; the connectors and the persistent tier call these functions
+instead of branching.
 """
 
 from __future__ import annotations
@@ -31,43 +32,35 @@ def check_supported() -> None:
                        "(%d.%d to %d.%d)", *version, *SUPPORTED[0], *SUPPORTED[1])
 
 
-def init_connector_base(connector: Any, base: type, vllm_config: Any, role: Any,
-                        kv_cache_config: Any) -> None:
-    """Call ``KVConnectorBase_V1.__init__``; its signature gained ``kv_cache_config``."""
+# ---- vLLM's KV offloading API (vllm.v1.kv_offload): 0.26 -> 0.32 ---------------------------
+
+
+def job_rows(job: Any) -> list[int]:
+    """Primary-tier rows of a tiering job (0.26 ``JobMetadata.block_ids``, 0.32
+    ``TransferJob.chunk_ids``)."""
+    rows = getattr(job, "chunk_ids", None)
+    if rows is None:
+        rows = job.block_ids
+    return [int(r) for r in rows]
+
+
+def job_result(result_cls: type, job_id: int, success: bool, nbytes: int, seconds: float,
+               successful_keys: Any = None) -> Any:
+    """A tiering ``JobResult``; 0.32 also takes the transfer's bytes and time and, for a
+    partly failed load, the keys that did load (0.26: the whole job fails)."""
     try:
-        base.__init__(connector, vllm_config=vllm_config, role=role,
-                      kv_cache_config=kv_cache_config)
+        return result_cls(job_id=job_id, success=success, transfer_time=seconds,
+                          transfer_bytes=nbytes, successful_keys=successful_keys)
     except TypeError:
-        base.__init__(connector, vllm_config=vllm_config, role=role)
+        return result_cls(job_id=job_id, success=success)
 
 
-def block_dim_hint() -> int:
-    """Where paged KV keeps its block dimension when the shape alone cannot tell.
-
-    vLLM 0.32 hands connectors per-layer views with blocks first; older GPU backends keep
-    keys and values first (``[2, num_blocks, ...]``).
-    """
-    return 0 if vllm_version() >= (0, 30) else 1
+def tier_base_kwargs(backpressure_detector: Any) -> dict[str, Any]:
+    """Extra ``SecondaryTierManager.__init__`` arguments (0.32 added back-pressure)."""
+    return {} if vllm_version() < (0, 30) else {"backpressure_detector": backpressure_detector}
 
 
-def num_kv_blocks(kv_cache_config: Any, kv_caches: dict[str, Any]) -> int:
-    """The number of KV blocks vLLM allocated."""
-    n = getattr(kv_cache_config, "num_blocks", None)
-    if isinstance(n, int) and n > 0:
-        return n
-    shapes = {tuple(t.shape) for t in kv_caches.values()}
-    shape = next(iter(shapes))
-    return shape[0] if shape[0] != 2 else shape[1]
-
-
-def cached_req_fields(cached_reqs: Any, i: int) -> tuple[str, Any, bool, int]:
-    """(request id, new block ids of group 0 or None, replaces blocks?, computed tokens)."""
-    req_id = cached_reqs.req_ids[i]
-    new_ids = cached_reqs.new_block_ids[i]
-    resumed = getattr(cached_reqs, "resumed_req_ids", None)
-    if resumed is not None:
-        replaced = req_id in resumed
-    else:
-        replaced = bool(cached_reqs.resumed_from_preemption[i])
-    return req_id, (new_ids[0] if new_ids is not None else None), replaced, \
-        cached_reqs.num_computed_tokens[i]
+def offload_rows(spec: Any) -> int:
+    """Rows of the CPU primary tier (0.26 ``num_blocks``, 0.32 ``num_chunks``)."""
+    rows = getattr(spec, "num_chunks", None)
+    return int(rows if rows is not None else spec.num_blocks)

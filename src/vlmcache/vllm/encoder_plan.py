@@ -2,7 +2,10 @@
 
 An image's encoder output (what the projector hands the language model) is stored under
 :func:`~vlmcache.keys.encoder_output_key` of the engine's namespace and vLLM's identifier
-for the image (tenant-scoped when requests come through :class:`~vlmcache.api.CachedLLM`).
+for the image. Only identifiers vlmcache minted (``vlmc-...``, from pixels and tenant:
+:func:`~vlmcache.keys.image_uuid`, sent by ``CachedLLM`` and the serving front) are stored
+or loaded: vLLM's own image hash ignores the tenant, so an output stored under it would
+serve every tenant.
 No vLLM import: :mod:`vlmcache.vllm.ec_connector` translates.
 """
 
@@ -14,7 +17,7 @@ from typing import Callable, Mapping, Protocol
 
 import torch
 
-from vlmcache.keys import encoder_output_key
+from vlmcache.keys import encoder_output_key, is_minted_image_uuid
 
 logger = logging.getLogger(__name__)
 
@@ -63,7 +66,8 @@ class EncoderPlanner:
     def has(self, identifier: str) -> bool:
         """Whether the stored output is present *and verified* (vLLM cannot recover a
         promised encoder output that then fails to load)."""
-        return self._enabled and self._available(self.key(identifier))
+        return self._enabled and is_minted_image_uuid(identifier) \
+            and self._available(self.key(identifier))
 
     def on_allocated(self, request_id: str, identifier: str, num_embeds: int) -> None:
         """An encoder input of a request will be served from the store (if stored)."""
@@ -115,6 +119,8 @@ class EncoderTransfer:
             self.loaded += 1
 
     def save(self, encoder_cache: Mapping[str, object], identifier: str) -> None:
+        if not is_minted_image_uuid(identifier):
+            return  # not tenant-scoped (vLLM's own hash, or a client's): never persisted
         output = encoder_cache.get(identifier)
         if not isinstance(output, torch.Tensor):
             logger.debug("encoder output for %s is not one tensor; not stored", identifier)

@@ -9,13 +9,23 @@ place whichever way the engine is started.
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
 from vlmcache.config import VlmCacheConfig
 
-CONNECTOR_NAME = "VlmCacheConnector"
-CONNECTOR_MODULE = "vlmcache.vllm.connector"
+CONNECTOR_NAME = "VlmCacheOffloadingConnector"
+CONNECTOR_MODULE = "vlmcache.vllm.offload_connector"
+#: vLLM's offloading connector loads the spec by name from this module (no vLLM import here).
+SPEC_NAME = "VlmCacheOffloadingSpec"
+SPEC_MODULE = "vlmcache.vllm.offload_spec"
+TIER_TYPE = "VlmCacheTier"
+TIER_MODULE = "vlmcache.vllm.offload_tier"
+#: vLLM's block hashes, which persisted keys build on, are reproducible across restarts only
+#: with a fixed PYTHONHASHSEED (it seeds their root) and a canonical serialization.
+HASH_SEED = "0"
+HASH_ALGO = "sha256_cbor"
 EC_CONNECTOR_NAME = "VlmCacheECConnector"
 EC_CONNECTOR_MODULE = "vlmcache.vllm.ec_connector"
 
@@ -33,6 +43,7 @@ class EngineWiring:
     ec_transfer: dict[str, Any] | None
     block_size: int | None
     env: dict[str, str] = field(default_factory=dict)
+    hash_algo: str | None = None
 
     def llm_kwargs(self, block_size: bool = True) -> dict[str, Any]:
         """Keyword arguments for ``vllm.LLM`` (vLLM's config objects); ``block_size=False``
@@ -40,6 +51,8 @@ class EngineWiring:
         args: dict[str, Any] = {}
         if block_size and self.block_size is not None:
             args["block_size"] = self.block_size
+        if self.hash_algo is not None:
+            args["prefix_caching_hash_algo"] = self.hash_algo
         if self.kv_transfer is not None:
             from vllm.config import KVTransferConfig
 
@@ -55,6 +68,8 @@ class EngineWiring:
         args: list[str] = []
         if self.block_size is not None:
             args += ["--block-size", str(self.block_size)]
+        if self.hash_algo is not None:
+            args += ["--prefix-caching-hash-algo", self.hash_algo]
         if self.kv_transfer is not None:
             args += ["--kv-transfer-config", json.dumps(self.kv_transfer)]
         if self.ec_transfer is not None:
@@ -62,15 +77,27 @@ class EngineWiring:
         return args
 
 
+def kv_extra_config(config: VlmCacheConfig) -> dict[str, Any]:
+    """``kv_connector_extra_config`` of vlmcache's KV path: vLLM's tiering offloader whose CPU
+    primary tier holds ``memory_budget`` bytes and whose secondary tier is vlmcache's
+    persistent store (none when ``disk_budget`` is 0: memory only)."""
+    tiers = [{"type": TIER_TYPE, "module_path": TIER_MODULE}] if config.disk_budget else []
+    return {"spec_name": SPEC_NAME, "spec_module_path": SPEC_MODULE,
+            "cpu_bytes_to_use": config.memory_budget, "secondary_tiers": tiers,
+            "vlmcache": config.to_dict()}
+
+
 def engine_wiring(config: VlmCacheConfig, device_type: str) -> EngineWiring:
     """The engine wiring ``config`` asks for on a ``device_type`` (``"cuda"``, ``"cpu"``)."""
-    extra = config.to_dict()
-    kv = {"kv_connector": CONNECTOR_NAME, "kv_connector_module_path": CONNECTOR_MODULE,
-          "kv_role": "kv_both", "kv_load_failure_policy": "recompute",
-          "kv_connector_extra_config": extra}
+    kv = None
+    if config.enable_kv_load or config.enable_kv_save:
+        kv = {"kv_connector": CONNECTOR_NAME, "kv_connector_module_path": CONNECTOR_MODULE,
+              "kv_role": "kv_both", "kv_load_failure_policy": "recompute",
+              "kv_connector_extra_config": kv_extra_config(config)}
     ec = None
     if config.enable_encoder_cache:
         ec = {"ec_connector": EC_CONNECTOR_NAME, "ec_connector_module_path": EC_CONNECTOR_MODULE,
               "ec_role": "ec_both", "ec_buffer_device": device_type,
-              "ec_connector_extra_config": extra}
-    return EngineWiring(kv, ec, config.block_size)
+              "ec_connector_extra_config": config.to_dict()}
+    env = {"PYTHONHASHSEED": os.environ.get("PYTHONHASHSEED", HASH_SEED)}
+    return EngineWiring(kv, ec, config.block_size, env, HASH_ALGO)

@@ -1,0 +1,317 @@
+"""vlmcache's KV path against vLLM's own paths, side by side on one GPU, per model shape.
+
+Modes (each in its own engine process, same requests: ~620-680-token image prompts, one
+output token, dummy weights, ``benchmarks/geometries/``):
+
+- ``vllm``: recompute (miss), vLLM's GPU prefix-cache hit, batched prefill throughput;
+- ``native_cpu``: vLLM's native CPU offloading (``kv_offloading_size``): CPU hit after the
+  GPU prefix cache is reset;
+- ``native_tiering`` / ``native_tiering_restart``: vLLM's ``OffloadingConnector`` with its
+  ``TieringOffloadingSpec`` (CPU + its ``fs`` tier): capture, CPU hit; then a new process
+  reading its fs tier;
+- ``vlmcache`` / ``vlmcache_restart``: ``CachedLLM`` on vlmcache's KV path (vLLM's
+  offloading connector + vlmcache's persistent tier and cost model): capture (miss), GPU
+  hit, CPU hit, batched; then a new process on the same store.
+
+Every row says what was reused: tokens loaded, from vLLM's prefix cache, computed. One mode
+failing records its error and the others go on; results are rewritten after every mode.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+from vlmcache.bench.gpu_latency import _device, _image, _prompt
+
+MODES = ("vllm", "vlmcache", "vlmcache_restart", "native_cpu", "native_tiering",
+         "native_tiering_restart")
+WARMUP_SEEDS = (9000, 9001, 9002)
+BATCH_SEED0 = 100
+HASH_ENV = {"PYTHONHASHSEED": "0"}  # vLLM's block hashes reproducible across restarts
+
+
+def _engine_args(args: argparse.Namespace) -> dict[str, Any]:
+    return {"load_format": "dummy", "enforce_eager": not args.compile,
+            "gpu_memory_utilization": args.gpu_memory_utilization,
+            "max_model_len": args.max_model_len, "limit_mm_per_prompt": {"image": 1},
+            "seed": 0, "max_num_seqs": 64, "enable_prefix_caching": True}
+
+
+def _vlmcache_llm(args: argparse.Namespace, engine_args: dict[str, Any]) -> Any:
+    from vlmcache.api import CachedLLM
+    from vlmcache.config import VlmCacheConfig
+
+    config = VlmCacheConfig(store_path=args.store, memory_budget=args.cpu_bytes,
+                            disk_budget=args.disk_bytes, enable_encoder_cache=False,
+                            enable_exact=False, log_requests=False,
+                            model_revision="dummy-weights")
+    return CachedLLM(args.geometry, config, engine_args=engine_args)
+
+
+def _native_llm(mode: str, args: argparse.Namespace, engine_args: dict[str, Any]) -> Any:
+    from vllm import LLM
+
+    if mode == "native_cpu":
+        engine_args["kv_offloading_size"] = args.cpu_bytes / 1024**3
+    elif mode.startswith("native_tiering"):
+        from vllm.config import KVTransferConfig
+
+        extra = {"spec_name": "TieringOffloadingSpec", "cpu_bytes_to_use": args.cpu_bytes,
+                 "secondary_tiers": [{"type": "fs", "root_dir": args.store + "-fs"}]}
+        engine_args["kv_transfer_config"] = KVTransferConfig(
+            kv_connector="OffloadingConnector", kv_role="kv_both",
+            kv_connector_extra_config=extra)
+        engine_args["prefix_caching_hash_algo"] = "sha256_cbor"
+    return LLM(model=args.geometry, **engine_args)
+
+
+class Runner:
+    """One engine in this process."""
+
+    def __init__(self, mode: str, args: argparse.Namespace) -> None:
+        from vllm import SamplingParams
+
+        self.prompt, self.side = _prompt(Path(args.geometry))
+        self.params = SamplingParams(temperature=0.0, max_tokens=1)
+        self.params2 = SamplingParams(temperature=0.0, max_tokens=2)
+        engine_args = _engine_args(args)
+        self.cached = _vlmcache_llm(args, engine_args) if mode.startswith("vlmcache") else None
+        self.llm = self.cached.llm if self.cached else _native_llm(mode, args, engine_args)
+
+    def generate(self, seeds: Sequence[int], params: Any = None) -> list[dict[str, Any]]:
+        """One ``generate`` call; per request: prompt tokens, loaded, from prefix cache."""
+        images = [_image(s, self.side) for s in seeds]
+        params = params or self.params
+        if self.cached is not None:
+            from vlmcache.api import VlmRequest
+
+            outs = self.cached.generate([VlmRequest(self.prompt, (im,)) for im in images],
+                                        params)
+            return [{"prompt": o.report.prompt_tokens, "loaded": o.report.tokens_loaded,
+                     "prefix": o.report.tokens_from_prefix_cache,
+                     "choice": o.report.kv_cost_choice, "reason": o.report.kv_cost_reason}
+                    for o in outs]
+        prompts = [{"prompt": self.prompt, "multi_modal_data": {"image": im}} for im in images]
+        outs = self.llm.generate(prompts, params, use_tqdm=False)
+        # vLLM reports one number for its prefix cache plus what a connector loaded
+        return [{"prompt": len(o.prompt_token_ids or ()), "cached": o.num_cached_tokens or 0}
+                for o in outs]
+
+    def timed(self, seeds: Sequence[int]) -> dict[str, Any]:
+        """Batch 1: each request alone; median latency and what was reused."""
+        ms, facts = [], []
+        for s in seeds:
+            start = time.perf_counter()
+            facts += self.generate([s])
+            ms.append((time.perf_counter() - start) * 1e3)
+        return {"median_ms": round(statistics.median(ms), 2), "min_ms": round(min(ms), 2),
+                "all_ms": [round(m, 2) for m in ms], **_token_summary(facts)}
+
+    def batched(self, seeds: Sequence[int]) -> dict[str, Any]:
+        start = time.perf_counter()
+        facts = self.generate(seeds)
+        wall = time.perf_counter() - start
+        tokens = sum(f["prompt"] for f in facts)
+        return {"batch": len(seeds), "wall_ms": round(wall * 1e3, 1),
+                "prompt_tok_s": round(tokens / wall), **_token_summary(facts)}
+
+    def reset_gpu_cache(self, settle_s: float) -> None:
+        time.sleep(settle_s)  # asynchronous stores land first
+        if not self.llm.reset_prefix_cache():
+            raise RuntimeError("vLLM refused to reset its prefix cache")
+
+    def close(self) -> None:
+        if self.cached is not None:
+            self.cached.close()
+
+
+def _token_summary(facts: list[dict[str, Any]]) -> dict[str, Any]:
+    """Median tokens per request: prompt, loaded, from prefix cache, computed."""
+    def med(fn: Any) -> float:
+        return statistics.median(fn(f) for f in facts)
+
+    if "cached" in facts[0]:  # plain vLLM: loaded and prefix-cached are one number
+        out = {"prompt_tokens": med(lambda f: f["prompt"]),
+               "tokens_cached": med(lambda f: f["cached"]),
+               "tokens_computed": med(lambda f: f["prompt"] - f["cached"])}
+        return out
+    choices = sorted({str(f["choice"]) for f in facts if f["choice"]})
+    return {"prompt_tokens": med(lambda f: f["prompt"]),
+            "tokens_loaded": med(lambda f: f["loaded"]),
+            "tokens_from_prefix_cache": med(lambda f: f["prefix"]),
+            "tokens_computed": med(lambda f: f["prompt"] - f["loaded"] - f["prefix"]),
+            "cost_model_choices": choices,
+            "cost_model_reason": next((f["reason"] for f in facts if f["reason"]), None)}
+
+
+def run_mode(mode: str, args: argparse.Namespace) -> dict[str, Any]:
+    """Every measurement of one mode, in this process."""
+    runner = Runner(mode, args)
+    seeds, batch = list(range(args.n)), list(range(BATCH_SEED0, BATCH_SEED0 + args.batch))
+    out: dict[str, Any] = {}
+    try:
+        runner.batched([s + 50_000 for s in batch])  # warms the batched shapes
+        runner.generate(list(WARMUP_SEEDS))
+        for s in WARMUP_SEEDS:  # single prefills (2 tokens: the engine times its prefill)
+            runner.generate([s + 1000], runner.params2)
+        if mode.endswith("_restart"):
+            out["restart_hit"] = runner.timed(seeds)
+            out["restart_hit_batch"] = runner.batched(batch)
+            return out
+        out["miss"] = runner.timed(seeds)
+        time.sleep(args.settle)
+        out["gpu_hit"] = runner.timed(seeds)
+        out["miss_batch"] = runner.batched(batch)
+        if mode != "vllm":
+            runner.reset_gpu_cache(args.settle)
+            out["cpu_hit"] = runner.timed(seeds)
+            out["cpu_hit_batch"] = runner.batched(batch)
+        time.sleep(args.settle)  # the persistent tier's writes land before the process ends
+    finally:
+        runner.close()
+    return out
+
+
+def _run_child(mode: str, args: argparse.Namespace, forwarded: list[str]) -> dict[str, Any]:
+    out = Path(args.work) / f"{mode}.json"
+    cmd = [sys.executable, "-m", "vlmcache.bench.gpu_native_path", "--child", mode,
+           "--child-out", str(out), *forwarded]
+    env = {**os.environ, **HASH_ENV}
+    start = time.time()
+    try:
+        proc = subprocess.run(cmd, timeout=args.mode_timeout, capture_output=True, text=True,
+                              env=env)
+    except subprocess.TimeoutExpired:
+        return {"error": f"timed out after {args.mode_timeout} s"}
+    if proc.returncode != 0 or not out.exists():
+        return {"error": f"exit {proc.returncode}",
+                "log_tail": (proc.stderr or proc.stdout)[-3000:]}
+    result = json.loads(out.read_text())
+    result["process_s"] = round(time.time() - start, 1)
+    return result
+
+
+def _get(modes: dict[str, Any], mode: str, phase: str, key: str = "median_ms") -> Any:
+    value = modes.get(mode, {}).get(phase)
+    return value.get(key) if isinstance(value, dict) else None
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return round(a / b, 3) if a is not None and b else None
+
+
+def shape_summary(modes: dict[str, Any], block_size: int) -> dict[str, Any]:
+    """The figures the issue's targets are judged on (None where a mode failed)."""
+    prompt = _get(modes, "vlmcache_restart", "restart_hit", "prompt_tokens")
+    choices = _get(modes, "vlmcache_restart", "restart_hit", "cost_model_choices") or []
+    s: dict[str, Any] = {
+        "recompute_ms": _get(modes, "vllm", "miss"),
+        "vllm_gpu_hit_ms": _get(modes, "vllm", "gpu_hit"),
+        "native_cpu_hit_ms": _get(modes, "native_cpu", "cpu_hit"),
+        "native_tiering_miss_ms": _get(modes, "native_tiering", "miss"),
+        "native_tiering_cpu_hit_ms": _get(modes, "native_tiering", "cpu_hit"),
+        "native_fs_restart_ms": _get(modes, "native_tiering_restart", "restart_hit"),
+        "native_fs_restart_tokens_cached": _get(modes, "native_tiering_restart",
+                                                "restart_hit", "tokens_cached"),
+        "miss_ms": _get(modes, "vlmcache", "miss"),
+        "miss_batch_tput_ratio": _ratio(_get(modes, "vlmcache", "miss_batch", "prompt_tok_s"),
+                                        _get(modes, "vllm", "miss_batch", "prompt_tok_s")),
+        "gpu_hit_ms": _get(modes, "vlmcache", "gpu_hit"),
+        "cpu_hit_ms": _get(modes, "vlmcache", "cpu_hit"),
+        "restart_ms": _get(modes, "vlmcache_restart", "restart_hit"),
+        "restart_tokens_loaded": _get(modes, "vlmcache_restart", "restart_hit",
+                                      "tokens_loaded"),
+        # the block-aligned prefix the first process stored (vLLM always computes the
+        # last prompt token, so a full load is this many tokens)
+        "restart_tokens_stored": (int(prompt) - 1) // block_size * block_size
+        if prompt else None,
+        "cost_model_choice": choices[0] if len(choices) == 1 else (choices or None),
+        "cost_model_reason": _get(modes, "vlmcache_restart", "restart_hit",
+                                  "cost_model_reason"),
+    }
+    s["targets"] = _targets(s)
+    return s
+
+
+def _targets(s: dict[str, Any]) -> dict[str, bool | None]:
+    def le(a: str, b: str, k: float = 1.05) -> bool | None:
+        return None if s[a] is None or s[b] is None else s[a] <= k * s[b]
+
+    full = (None if s["restart_tokens_loaded"] is None else
+            s["restart_tokens_loaded"] == s["restart_tokens_stored"])
+    return {"miss_le_1.05x_recompute": le("miss_ms", "recompute_ms"),
+            "miss_batch_tput_ge_95pct": None if s["miss_batch_tput_ratio"] is None
+            else s["miss_batch_tput_ratio"] >= 0.95,
+            "gpu_hit_le_1.05x_vllm_gpu_hit": le("gpu_hit_ms", "vllm_gpu_hit_ms"),
+            "cpu_hit_le_1.05x_native_cpu_hit": le("cpu_hit_ms", "native_cpu_hit_ms"),
+            "restart_le_1.05x_recompute": le("restart_ms", "recompute_ms"),
+            "restart_full_load_when_loaded": full if s["cost_model_choice"] == "load"
+            else None}
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--geometry", default="benchmarks/geometries/qwen2vl7b")
+    parser.add_argument("--n", type=int, default=12, help="batch-1 requests per phase")
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--cpu-bytes", type=int, default=24 * 1024**3)
+    parser.add_argument("--disk-bytes", type=int, default=50 * 1024**3)
+    parser.add_argument("--block-size", type=int, default=16, help="vLLM's KV block size")
+    parser.add_argument("--settle", type=float, default=1.0)
+    parser.add_argument("--gpu-memory-utilization", type=float, default=0.85)
+    parser.add_argument("--compile", action="store_true", help="torch.compile + CUDA graphs")
+    parser.add_argument("--max-model-len", type=int, default=2048)
+    parser.add_argument("--modes", default=",".join(MODES))
+    parser.add_argument("--mode-timeout", type=int, default=240)
+    parser.add_argument("--out", default="benchmarks/results/gpu-native-path.json")
+    parser.add_argument("--store", default="")
+    parser.add_argument("--work", default="")
+    parser.add_argument("--child", choices=MODES, help=argparse.SUPPRESS)
+    parser.add_argument("--child-out", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.child:
+        Path(args.child_out).write_text(json.dumps(run_mode(args.child, args)))
+        return
+    args.work = args.work or tempfile.mkdtemp(prefix="vlmcache-native-")
+    args.store = args.store or str(Path(args.work) / "store")
+    forwarded = [a for a in (argv if argv is not None else sys.argv[1:])]
+    forwarded += ["--store", args.store, "--work", args.work]
+    modes: dict[str, Any] = {}
+    for mode in args.modes.split(","):
+        modes[mode] = _run_child(mode, args, forwarded)
+        print(mode, json.dumps(modes[mode])[-1500:], flush=True)
+        _write(args, argv, modes)  # a run cut short keeps what it measured
+
+
+def _write(args: argparse.Namespace, argv: Sequence[str] | None, modes: dict[str, Any]) -> None:
+    import vllm
+
+    shape = Path(args.geometry).name
+    out = Path(args.out)
+    record = json.loads(out.read_text()) if out.exists() else {}
+    cmd = "python benchmarks/gpu_native_path.py " + shlex.join(
+        list(argv) if argv is not None else sys.argv[1:])
+    record.update({"device": _device(), "vllm_version": vllm.__version__,
+                   "engine": "enforce_eager" if not args.compile else "compiled + CUDA graphs",
+                   "dummy_weights": True, "output_tokens": 1, "n_batch1": args.n,
+                   "batch": args.batch, "cpu_bytes": args.cpu_bytes})
+    record.setdefault("commands", {})[shape] = cmd.strip()
+    record["command"] = " && ".join(record["commands"].values())
+    record.setdefault("shapes", {})[shape] = shape_summary(modes, args.block_size)
+    record.setdefault("modes", {})[shape] = modes
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(record, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()

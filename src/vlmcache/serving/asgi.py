@@ -1,0 +1,294 @@
+"""The front as ASGI middleware: inside vLLM's OpenAI server, or around the proxy.
+
+Inside vLLM (``vlmcache serve`` does this)::
+
+    VLMCACHE_FRONT_CONFIG=/path/front.json python -m vllm.entrypoints.openai.api_server \\
+        --model DIR --middleware vlmcache.serving.asgi.VlmCacheMiddleware ...
+
+``front.json`` is ``{"model": DIR, "config": {<vlmcache config keys>}}``. Only
+``POST /v1/chat/completions`` and ``POST /v1/completions`` go through the front; every
+other route passes untouched. A bad request gets a 400 (413 when too large) naming the
+field; a response-tier hit is answered here; everything else is forwarded rewritten, and
+the answer is captured on its way back (the report: the body's ``vlmcache`` field, or a
+last stream chunk, and ``x-vlmcache-*`` headers).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from typing import Any, Awaitable, Callable
+
+import anyio.to_thread
+
+from vlmcache.errors import RequestError
+from vlmcache.serving.front import CascadeFront, FrontPlan, error_field, report_body
+from vlmcache.serving.sse import DONE, StreamAccumulator, event, stream_events
+
+logger = logging.getLogger(__name__)
+
+CONFIG_ENV = "VLMCACHE_FRONT_CONFIG"
+ROUTES = {"/v1/chat/completions": "chat", "/v1/completions": "completions"}
+Scope = dict[str, Any]
+Receive = Callable[[], Awaitable[dict[str, Any]]]
+Send = Callable[[dict[str, Any]], Awaitable[None]]
+
+
+class BodyTooLarge(RequestError):
+    """The request body is over ``max_request_bytes``."""
+
+
+class VlmCacheMiddleware:
+    """ASGI middleware running :class:`CascadeFront` on OpenAI completion requests.
+
+    ``front`` is built from ``$VLMCACHE_FRONT_CONFIG`` when not given (vLLM constructs the
+    middleware with the app only).
+    """
+
+    def __init__(self, app: Callable[..., Awaitable[None]],
+                 front: CascadeFront | None = None) -> None:
+        self.app = app
+        self.front = front if front is not None else front_from_env()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        endpoint = ROUTES.get(scope.get("path", "")) if scope["type"] == "http" else None
+        if scope["type"] == "http" and scope.get("method") == "POST" and endpoint is None:
+            await self._guard(scope, receive, send)
+            return
+        if endpoint is None or scope.get("method") != "POST":
+            await self.app(scope, receive, send)
+            return
+        try:
+            raw = await _read_body(receive, self.front.config.max_request_bytes)
+            headers = {k.decode("latin-1").lower(): v.decode("latin-1")
+                       for k, v in scope.get("headers", [])}
+            plan = await anyio.to_thread.run_sync(self.front.begin, endpoint, raw, headers)
+        except RequestError as exc:
+            self.front.refused(exc)
+            await _send_error(send, 413 if isinstance(exc, BodyTooLarge) else 400, exc)
+            return
+        if plan.cached is not None:
+            await self._send_cached(plan, send)
+            return
+        await self._forward(plan, scope, receive, send)
+
+    async def _guard(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Other POST routes (``/v1/responses``, ``/v1/messages``, ...) bypass the cascade,
+        but a client-chosen media identity or embedding input is refused there too."""
+        config = self.front.config
+        try:
+            raw = await _read_body(receive, config.max_request_bytes)
+            key = _identity_key(_json_or_none(raw)) if b'"' in raw else None
+            if key == "uuid" and config.client_image_uuids == "trust":
+                key = None
+            if key is not None and key != "uuid" and config.allow_embeds:
+                key = None
+            if key is not None:
+                raise RequestError(f"{key}: client-chosen media identities and embedding "
+                                   "inputs are not accepted on this route")
+        except RequestError as exc:
+            self.front.refused(exc)
+            await _send_error(send, 413 if isinstance(exc, BodyTooLarge) else 400, exc)
+            return
+        await self.app(scope, _replay(raw, receive), send)
+
+    async def _send_cached(self, plan: FrontPlan, send: Send) -> None:
+        body = self.front.cached_response(plan)
+        report = body["vlmcache"]
+        if not plan.request.stream:
+            await _send_json(send, 200, body, _report_headers(report))
+            return
+        opts = plan.request.body.get("stream_options") or {}
+        chunks = list(stream_events(plan.request.endpoint, body,
+                                    bool(opts.get("include_usage"))))
+        chunks += [_report_event(plan, body, report), DONE]
+        await send({"type": "http.response.start", "status": 200, "headers": [
+            (b"content-type", b"text/event-stream; charset=utf-8"),
+            *_report_headers(report)]})
+        await send({"type": "http.response.body", "body": b"".join(chunks)})
+
+    async def _forward(self, plan: FrontPlan, scope: Scope, receive: Receive,
+                       send: Send) -> None:
+        data = json.dumps(plan.forward, ensure_ascii=False).encode()
+        scope = dict(scope)
+        scope["headers"] = [(k, v) for k, v in scope.get("headers", [])
+                            if k.lower() != b"content-length"]
+        scope["headers"].append((b"content-length", str(len(data)).encode()))
+        capture = _Capture(self.front, plan, send)
+        await self.app(scope, _replay(data, receive), capture)
+
+
+class _Capture:
+    """The ``send`` handed to the engine's app: captures its answer, adds the report."""
+
+    def __init__(self, front: CascadeFront, plan: FrontPlan, send: Send) -> None:
+        self.front, self.plan, self.send = front, plan, send
+        self.start: dict[str, Any] | None = None
+        self.stream: StreamAccumulator | None = None
+        self.parts: list[bytes] = []
+
+    async def __call__(self, message: dict[str, Any]) -> None:
+        if message["type"] == "http.response.start":
+            self.start = message
+            ctype = dict(message.get("headers", [])).get(b"content-type", b"")
+            if ctype.startswith(b"text/event-stream"):
+                self.stream = StreamAccumulator(self.plan.request.endpoint)
+                await self.send({**message, "headers": [
+                    *message.get("headers", []), *_plan_headers(self.plan)]})
+            return
+        if message["type"] != "http.response.body" or self.start is None:
+            await self.send(message)
+            return
+        if self.stream is not None:
+            await self._stream_body(message)
+        else:
+            await self._json_body(message)
+
+    async def _stream_body(self, message: dict[str, Any]) -> None:
+        assert self.stream is not None
+        chunk = message.get("body", b"")
+        self.stream.feed(chunk)
+        more = message.get("more_body", False)
+        if DONE in chunk:  # hold [DONE] back: the report goes before it
+            chunk = chunk.replace(DONE, b"")
+            body = self.stream.response()
+            report = await anyio.to_thread.run_sync(self.front.finish, self.plan, 200, body)
+            if report is not None and body is not None:
+                chunk += _report_event(self.plan, body, report_body(self.plan, report))
+            chunk += DONE
+        await self.send({"type": "http.response.body", "body": chunk, "more_body": more})
+
+    async def _json_body(self, message: dict[str, Any]) -> None:
+        assert self.start is not None
+        self.parts.append(message.get("body", b""))
+        if message.get("more_body", False):
+            return
+        raw, status = b"".join(self.parts), self.start["status"]
+        headers = [(k, v) for k, v in self.start.get("headers", [])
+                   if k.lower() != b"content-length"]
+        body = _json_or_none(raw) if status == 200 else None
+        report = await anyio.to_thread.run_sync(self.front.finish, self.plan, status, body)
+        if report is not None and body is not None:
+            body["vlmcache"] = report_body(self.plan, report)
+            raw = json.dumps(body, ensure_ascii=False).encode()
+            headers += _report_headers(body["vlmcache"])
+        headers.append((b"content-length", str(len(raw)).encode()))
+        await self.send({**self.start, "headers": headers})
+        await self.send({"type": "http.response.body", "body": raw, "more_body": False})
+
+
+def front_from_env() -> CascadeFront:
+    """The front described by ``$VLMCACHE_FRONT_CONFIG`` (``vlmcache serve`` writes it)."""
+    from vlmcache.config import VlmCacheConfig
+    from vlmcache.errors import ConfigError
+    from vlmcache.serving.logs import attach_to_vllm_logging
+    from vlmcache.serving.metrics import FrontMetrics
+
+    attach_to_vllm_logging()
+    path = os.environ.get(CONFIG_ENV)
+    if not path:
+        raise ConfigError(f"{CONFIG_ENV} is not set: start the server with `vlmcache serve`, "
+                          "or point it to a JSON file {\"model\": DIR, \"config\": {...}}")
+    try:
+        spec = json.loads(open(path, encoding="utf-8").read())
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"{CONFIG_ENV}: cannot read {path}: {exc}") from exc
+    if not isinstance(spec, dict) or not isinstance(spec.get("model"), str):
+        raise ConfigError(f"{CONFIG_ENV}: {path} must hold {{\"model\": ..., \"config\": ...}}")
+    config = VlmCacheConfig.from_dict(spec.get("config") or {})
+    return CascadeFront.for_model(spec["model"], config, metrics=FrontMetrics.create(
+        tenant_label=config.metrics_tenant_label))
+
+
+async def _read_body(receive: Receive, limit: int) -> bytes:
+    parts, size = [], 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise RequestError("body: client disconnected")
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            raise BodyTooLarge(f"body: larger than the {limit}-byte limit")
+        parts.append(chunk)
+        if not message.get("more_body", False):
+            return b"".join(parts)
+
+
+def _replay(data: bytes, receive: Receive) -> Receive:
+    """A ``receive`` that yields ``data`` once, then the client's own messages."""
+    sent = False
+
+    async def replay() -> dict[str, Any]:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": data, "more_body": False}
+        return await receive()
+    return replay
+
+
+_IDENTITY_KEYS = ("uuid", "multi_modal_uuids", "image_embeds", "prompt_embeds",
+                  "audio_embeds", "video_embeds")
+
+
+def _identity_key(value: object, depth: int = 0) -> str | None:
+    """The first client identity / embedding key anywhere in a JSON value."""
+    if depth > 32:
+        return None
+    if isinstance(value, dict):
+        for k, v in value.items():
+            if k in _IDENTITY_KEYS and v is not None:
+                return k
+            found = _identity_key(v, depth + 1)
+            if found:
+                return found
+    elif isinstance(value, list):
+        for v in value:
+            found = _identity_key(v, depth + 1)
+            if found:
+                return found
+    return None
+
+
+def _json_or_none(raw: bytes) -> dict[str, Any] | None:
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def _report_headers(report: dict[str, Any]) -> list[tuple[bytes, bytes]]:
+    statuses = json.dumps(report.get("statuses", {}), separators=(",", ":"))
+    return [(b"x-vlmcache-hit-tier", str(report.get("hit_tier") or "miss").encode()),
+            (b"x-vlmcache-statuses", statuses.encode("ascii", "replace"))]
+
+
+def _plan_headers(plan: FrontPlan) -> list[tuple[bytes, bytes]]:
+    """Headers of a streamed answer: what the front decided before the engine ran."""
+    res = plan.resolution
+    statuses = {"response": plan.response_status, **(res.statuses if res else {})}
+    return _report_headers({"hit_tier": res.hit_tier if res else None, "statuses": statuses})
+
+
+def _report_event(plan: FrontPlan, body: dict[str, Any], report: dict[str, Any]) -> bytes:
+    obj = "chat.completion.chunk" if plan.request.endpoint == "chat" else "text_completion"
+    return event({"id": body.get("id"), "object": obj, "created": body.get("created"),
+                  "model": body.get("model"), "choices": [], "vlmcache": report})
+
+
+async def _send_json(send: Send, status: int, body: dict[str, Any],
+                     headers: list[tuple[bytes, bytes]] = ()) -> None:
+    raw = json.dumps(body, ensure_ascii=False).encode()
+    await send({"type": "http.response.start", "status": status, "headers": [
+        (b"content-type", b"application/json"), (b"content-length", str(len(raw)).encode()),
+        *headers]})
+    await send({"type": "http.response.body", "body": raw})
+
+
+async def _send_error(send: Send, status: int, exc: RequestError) -> None:
+    kind = "BadRequestError" if status == 400 else "RequestTooLargeError"
+    await _send_json(send, status, {"error": {"message": str(exc), "type": kind,
+                                              "param": error_field(exc), "code": status}})

@@ -1,0 +1,260 @@
+"""The cascade front: one place where every tier runs on an OpenAI request.
+
+:meth:`CascadeFront.begin` decodes the request, asks the response tier, runs the cascade
+(exact, image, paraphrase) and rewrites the body; :meth:`CascadeFront.finish` reads what
+the engine answered, records it for later requests (exact and similarity records, the
+response tier) and builds the :class:`~vlmcache.report.ReuseReport`. No HTTP here: the
+ASGI middleware (inside vLLM's server) and the standalone proxy both call this class.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import secrets
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from vlmcache.cascade import (RESPONSE_TIER, VISION_LAYER, Cascade, CascadeRequest, Resolution,
+                              TierStatus, build_cascade)
+from vlmcache.config import VlmCacheConfig
+from vlmcache.errors import RequestError
+from vlmcache.report import EncoderReuse, KVReuse, ReuseReport, build_report
+from vlmcache.serving.metrics import FrontMetrics
+from vlmcache.serving.openai_req import Endpoint, ParsedRequest, parse_request
+from vlmcache.serving.rewrite import rewrite_body
+from vlmcache.tiers.response import (LocalRecordStore, RecordStore, ResponseTier,
+                                     canonical_request, is_deterministic)
+
+logger = logging.getLogger(__name__)
+
+STORABLE_FINISH = ("stop", "length")
+#: Response fields a stored response does not keep (per-request, or ours).
+_UNSTORED = ("vlmcache", "kv_transfer_params", "ec_transfer_params", "prompt_token_ids",
+             "metrics")
+
+
+@dataclass
+class FrontPlan:
+    """One request between :meth:`CascadeFront.begin` and :meth:`CascadeFront.finish`."""
+
+    request: ParsedRequest
+    resolution: Resolution | None
+    response_key: str | None
+    response_status: TierStatus
+    cached: dict[str, Any] | None
+    forward: dict[str, Any] | None
+    started: float
+    stages: dict[str, float] = field(default_factory=dict)
+
+
+class CascadeFront:
+    """The response tier and the cascade in front of an engine, for one namespace.
+
+    Args:
+        config: the deployment's vlmcache config.
+        cascade: exact / image / paraphrase tiers (``build_cascade``).
+        responses: the response tier, or ``None`` when it is off.
+        metrics: Prometheus collectors, or ``None`` for none.
+    """
+
+    def __init__(self, config: VlmCacheConfig, cascade: Cascade,
+                 responses: ResponseTier | None, metrics: FrontMetrics | None) -> None:
+        self.config = config
+        self.cascade = cascade
+        self.responses = responses
+        self.metrics = metrics
+        self._lock = threading.Lock()  # the similarity indexes are not thread-safe
+        self._recorder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="vlmcache-record")
+
+    @classmethod
+    def for_model(cls, model: str, config: VlmCacheConfig, *, metrics: FrontMetrics | None,
+                  record_store: RecordStore | None = None) -> "CascadeFront":
+        """The front for ``model`` (a local directory) under ``config``."""
+        from vlmcache.vllm.namespace import namespace_for_model
+
+        digest = namespace_for_model(model, config).digest
+        responses = None
+        if config.enable_response_cache:
+            from vlmcache.shared.responses import shared_record_store  # issue 14B
+
+            store = record_store or shared_record_store(  # issue 14B: Redis behind, if set
+                config, LocalRecordStore(config.response_memory_budget))
+            responses = ResponseTier(store, digest, config.response_ttl_s,
+                                     config.response_max_entry_bytes)
+        logger.info("vlmcache front: model %s, namespace %s, store %s, tiers on: %s",
+                    model, digest[:16], config.store_dir, ", ".join(_tiers_on(config)))
+        return cls(config, build_cascade(config, digest), responses, metrics)
+
+    # ---- before the engine ---------------------------------------------------------------
+
+    def begin(self, endpoint: Endpoint, raw: bytes, headers: Mapping[str, str]) -> FrontPlan:
+        """Decode, look up and rewrite one request; :class:`RequestError` if it is bad."""
+        started = time.perf_counter()
+        try:
+            body = json.loads(raw)
+        except ValueError as exc:
+            raise RequestError(f"body: not valid JSON ({exc})") from None
+        req = parse_request(endpoint, body, headers, self.config)
+        t_decoded = time.perf_counter()
+        plan = FrontPlan(req, None, None, "skip", None, None, started,
+                         {"decode": t_decoded - started})
+        self._lookup_response(plan)
+        t_response = time.perf_counter()
+        plan.stages["response_lookup"] = t_response - t_decoded
+        if plan.cached is not None:
+            return plan
+        if not req.options.bypass and req.transcript is not None:
+            with self._lock:
+                plan.resolution = self.cascade.resolve(
+                    req.transcript, req.image_hashes, req.tenant,
+                    images=[ref.image for ref in req.images], question=req.question)
+        t_cascade = time.perf_counter()
+        plan.forward = rewrite_body(req, plan.resolution, self.config)
+        plan.stages["cascade"] = t_cascade - t_response
+        plan.stages["rewrite"] = time.perf_counter() - t_cascade
+        return plan
+
+    def _lookup_response(self, plan: FrontPlan) -> None:
+        req = plan.request
+        if self.responses is None or req.options.bypass or not req.options.response_cache \
+                or not is_deterministic(req.body):
+            return
+        key = self.responses.key(canonical_request(req.endpoint, req.identity_body()),
+                                 req.tenant)
+        plan.response_key = key
+        plan.cached = self.responses.lookup(key)
+        plan.response_status = "hit" if plan.cached is not None else "miss"
+
+    # ---- answers ---------------------------------------------------------------------------
+
+    def cached_response(self, plan: FrontPlan) -> dict[str, Any]:
+        """The stored response for a response-tier hit, with a new id and its report."""
+        assert plan.cached is not None
+        body = dict(plan.cached)
+        prefix = "chatcmpl" if plan.request.endpoint == "chat" else "cmpl"
+        body["id"] = f"{prefix}-vlmc-{secrets.token_hex(12)}"
+        body["created"] = int(time.time())
+        usage = body.get("usage") if isinstance(body.get("usage"), dict) else {}
+        report = ReuseReport(
+            request_id=body["id"], hit_tier=RESPONSE_TIER, statuses={RESPONSE_TIER: "hit"},
+            similarity=1.0, canonical_prompt=None,
+            prompt_tokens=int(usage.get("prompt_tokens") or 0), tokens_loaded=0,
+            tokens_from_prefix_cache=0, tokens_computed=0, blocks_saved=0,
+            load_failed_blocks=0, latency_s=time.perf_counter() - plan.started)
+        self._observe(plan, report)
+        body["vlmcache"] = report_body(plan, report)
+        return body
+
+    def finish(self, plan: FrontPlan, status: int,
+               body: dict[str, Any] | None) -> ReuseReport | None:
+        """Record an engine's answer; the report (``None`` for an error answer).
+
+        The response tier records at once (a repeat right after must find it); the exact
+        and similarity records are made by one background thread, in arrival order, so
+        that embedding and index work never delays the answer.
+        """
+        t0 = time.perf_counter()
+        if status != 200 or not isinstance(body, dict) or not body.get("choices"):
+            return None
+        report = self._engine_report(plan, body)
+        req, res = plan.request, plan.resolution
+        if plan.response_key is not None and self.responses is not None \
+                and all(c.get("finish_reason") in STORABLE_FINISH for c in body["choices"]):
+            self.responses.record(plan.response_key,
+                                  {k: v for k, v in body.items() if k not in _UNSTORED})
+        if res is not None:
+            self._recorder.submit(self._remember_logged, req, res, report)
+        plan.stages["capture"] = time.perf_counter() - t0
+        self._observe(plan, report)
+        if self.metrics is not None:
+            self.metrics.observe_kv_path(body.get("kv_transfer_params"), req.tenant)
+        return report
+
+    def drain(self) -> None:
+        """Wait until every queued exact/similarity record is made."""
+        self._recorder.submit(lambda: None).result()
+
+    def _remember_logged(self, req: ParsedRequest, res: Resolution,
+                         report: ReuseReport) -> None:
+        t0 = time.perf_counter()
+        try:
+            self._remember(req, res, report)
+        except Exception:  # a record that fails is a later miss, never an error
+            logger.exception("front: recording request %s failed", report.request_id)
+        if self.metrics is not None:
+            self.metrics.stage_seconds.labels("record").observe(time.perf_counter() - t0)
+
+    def refused(self, error: RequestError) -> None:
+        """Count a request refused with a 4xx."""
+        if self.metrics is not None:
+            self.metrics.bad_requests.labels(error_field(error)).inc()
+
+    def _engine_report(self, plan: FrontPlan, body: dict[str, Any]) -> ReuseReport:
+        kv = KVReuse.from_params(body.get("kv_transfer_params"))
+        enc = EncoderReuse.from_params(body.get("ec_transfer_params"))
+        usage = body.get("usage") if isinstance(body.get("usage"), dict) else {}
+        details = usage.get("prompt_tokens_details") or {}
+        prompt_tokens = int(usage.get("prompt_tokens") or (kv.prompt_tokens if kv else 0))
+        cached = int(details.get("cached_tokens") or 0) or (
+            (kv.tokens_loaded + kv.tokens_from_prefix_cache) if kv else 0)
+        report = build_report(str(body.get("id", "")), plan.resolution, kv, enc,
+                              prompt_tokens=prompt_tokens, cached_tokens=cached,
+                              latency_s=time.perf_counter() - plan.started,
+                              enabled=not plan.request.options.bypass)
+        statuses = {RESPONSE_TIER: plan.response_status, **report.statuses}
+        return dataclasses.replace(report, statuses=statuses)
+
+    def _remember(self, req: ParsedRequest, res: Resolution, report: ReuseReport) -> None:
+        """Make this request findable: exact record and canonical images/questions."""
+        assert req.transcript is not None
+        with self._lock:
+            if res.hit_tier in (None, VISION_LAYER):
+                self.cascade.capture(res.prompt, res.image_hashes, req.tenant,
+                                     report.chunk_keys, report.prompt_tokens)
+            self.cascade.remember(CascadeRequest(
+                req.transcript, res.image_hashes, req.tenant,
+                tuple(ref.image for ref in req.images), req.question), res)
+
+    def _observe(self, plan: FrontPlan, report: ReuseReport) -> None:
+        if self.metrics is not None:
+            self.metrics.observe_report(report, plan.request.tenant)
+            self.metrics.observe_stages(plan.stages)
+            store = self.responses.store if self.responses is not None else None
+            if isinstance(store, LocalRecordStore):
+                self.metrics.response_bytes.set(store.occupancy_bytes)
+                self.metrics.response_entries.set(len(store))
+        if self.config.log_requests:
+            logger.info("%s", report.log_line())
+
+    def close(self) -> None:
+        """Make the queued records, then persist the similarity indexes."""
+        self._recorder.shutdown(wait=True)
+        with self._lock:
+            self.cascade.flush()
+
+
+def report_body(plan: FrontPlan, report: ReuseReport) -> dict[str, Any]:
+    """The report as the response carries it: :meth:`ReuseReport.to_dict` plus the
+    front's own time per stage (``front_ms``)."""
+    return {**report.to_dict(),
+            "front_ms": {k: round(v * 1000, 4) for k, v in plan.stages.items()}}
+
+
+def error_field(error: RequestError) -> str:
+    """The field a :class:`RequestError` names (its message starts ``field: ...``)."""
+    head = str(error).split(":", 1)[0]
+    return head if head and " " not in head else "request"
+
+
+def _tiers_on(config: VlmCacheConfig) -> list[str]:
+    flags = [("response", config.enable_response_cache), ("exact", config.enable_exact),
+             ("image", config.enable_image_embedding),
+             ("paraphrase", config.enable_semantic_text),
+             ("encoder", config.enable_encoder_cache), ("kv_load", config.enable_kv_load),
+             ("kv_save", config.enable_kv_save)]
+    return [name for name, on in flags if on] or ["none"]

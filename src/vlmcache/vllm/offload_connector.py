@@ -1,0 +1,183 @@
+"""vlmcache's KV connector: vLLM's ``OffloadingConnector`` plus vlmcache's report and cost model.
+
+vLLM moves the KV (GPU <-> CPU region with its tuned DMA path; CPU region <-> vlmcache's
+persistent tier through :mod:`vlmcache.vllm.offload_tier`). This subclass only adds:
+
+* the namespace digest every persisted key is bound to (computed from the engine's config
+  before vLLM builds the spec);
+* the engine's prefill rate, timed from consecutive scheduler steps, for the cost model;
+* the per-request ``kv_transfer_params["vlmcache"]`` that ``report.KVReuse`` reads.
+
+Enable it with (``engine_wiring`` builds the full value)::
+
+    vllm serve MODEL --kv-transfer-config '{"kv_connector": "VlmCacheOffloadingConnector",
+      "kv_connector_module_path": "vlmcache.vllm.offload_connector", "kv_role": "kv_both",
+      "kv_load_failure_policy": "recompute", "kv_connector_extra_config": {...}}'
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
+from vllm.distributed.kv_transfer.kv_connector.v1.offloading_connector import (
+    OffloadingConnector,
+)
+
+from vlmcache.vllm import compat
+from vlmcache.vllm.namespace import namespace_for_engine
+from vlmcache.vllm.offload_spec import (
+    NAMESPACE_KEY,
+    SchedulerRuntime,
+    release_runtime,
+    runtime_for,
+    vlmcache_config,
+)
+from vlmcache.vllm.persist import TierRequestReport, store_key
+
+logger = logging.getLogger(__name__)
+
+PARAMS_KEY = "vlmcache"
+#: A gap between two scheduler steps longer than this is idle time, not compute.
+MAX_STEP_GAP_S = 5.0
+
+
+@dataclass
+class _RequestTrack:
+    prompt_tokens: int
+    from_prefix_cache: int = 0
+    loaded: int = 0
+    bypass: bool = False
+
+
+def _wants_bypass(request: Any) -> bool:
+    params = getattr(request, "kv_transfer_params", None) or {}
+    ours = params.get(PARAMS_KEY) if isinstance(params, dict) else None
+    return bool(ours.get("bypass")) if isinstance(ours, dict) else False
+
+
+class VlmCacheOffloadingConnector(OffloadingConnector):
+    """``OffloadingConnector`` with vlmcache's namespace, cost model and per-request report."""
+
+    def __init__(self, vllm_config: Any, role: KVConnectorRole,
+                 kv_cache_config: Any = None) -> None:
+        compat.check_supported()
+        transfer = vllm_config.kv_transfer_config
+        extra = transfer.kv_connector_extra_config
+        config = vlmcache_config(extra)
+        self._engine_id = str(transfer.engine_id)
+        self._load_enabled = config.enable_kv_load
+        self._runtime: SchedulerRuntime | None = None
+        if role == KVConnectorRole.SCHEDULER:
+            namespace = namespace_for_engine(vllm_config, config)
+            extra[NAMESPACE_KEY] = namespace.digest  # read by the spec, in this process
+            self._runtime = runtime_for(self._engine_id, config)
+            self._runtime.namespace_digest = namespace.digest
+            if getattr(transfer, "kv_load_failure_policy", "recompute") != "recompute":
+                logger.warning("kv_load_failure_policy is not 'recompute': a corrupt cached "
+                               "chunk fails its request instead of being recomputed")
+            logger.info("vlmcache KV path on vLLM's offloading connector: store %s, "
+                        "namespace %s", config.store_dir, namespace.describe())
+        super().__init__(vllm_config, role, kv_cache_config)
+        self._tracks: dict[str, _RequestTrack] = {}
+        self._last_step: tuple[float, int, frozenset[str]] | None = None
+
+    # ---- scheduler side: observe, then delegate ---------------------------------------------
+
+    def get_num_new_matched_tokens(self, request: Any,
+                                   num_computed_tokens: int) -> tuple[int | None, bool]:
+        track = self._tracks.get(request.request_id)
+        if track is None:
+            track = self._tracks[request.request_id] = _RequestTrack(
+                len(request.prompt_token_ids or []), num_computed_tokens,
+                bypass=_wants_bypass(request))
+        matched, is_async = super().get_num_new_matched_tokens(request, num_computed_tokens)
+        if matched and (track.bypass or not self._load_enabled):
+            return 0, False
+        return matched, is_async
+
+    def update_state_after_alloc(self, request: Any, blocks: Any,
+                                 num_external_tokens: int) -> None:
+        track = self._tracks.get(request.request_id)
+        if track is not None and num_external_tokens:
+            track.loaded = num_external_tokens
+        return super().update_state_after_alloc(request, blocks, num_external_tokens)
+
+    def build_connector_meta(self, scheduler_output: Any) -> Any:
+        self._time_step(scheduler_output)
+        return super().build_connector_meta(scheduler_output)
+
+    def request_finished(self, request: Any, block_ids: Any) -> tuple[bool, dict | None]:
+        delay, params = super().request_finished(request, block_ids)
+        return delay, self._with_report(request, params)
+
+    def request_finished_all_groups(self, request: Any,
+                                    block_ids: Any) -> tuple[bool, dict | None]:
+        delay, params = super().request_finished_all_groups(request, block_ids)
+        return delay, self._with_report(request, params)
+
+    def shutdown(self) -> None:
+        try:
+            super().shutdown()
+        finally:
+            if self._runtime is not None:
+                release_runtime(self._engine_id)
+
+    # ---- helpers ------------------------------------------------------------------------------
+
+    def _time_step(self, scheduler_output: Any) -> None:
+        """Feed the cost model the previous step's prefill rate: the gap between two
+        scheduling calls of a continuously busy engine is one step's compute."""
+        now = time.perf_counter()
+        running = frozenset(scheduler_output.num_scheduled_tokens)
+        last, self._last_step = self._last_step, (
+            now, int(scheduler_output.total_num_scheduled_tokens), running)
+        if last is None or self._runtime is None:
+            return
+        start, tokens, prev_running = last
+        if running & prev_running and now - start < MAX_STEP_GAP_S:
+            self._runtime.cost.observe_prefill(tokens, now - start)
+
+    def _chunk_keys(self, request: Any, prompt_tokens: int) -> list[str]:
+        """Store keys of the request's full prompt chunks (what the persistent tier holds
+        or will hold for it): vLLM's offload key of chunk ``i`` is its last block hash."""
+        rt = self._runtime
+        if rt is None or not rt.tokens_per_chunk or not rt.namespace_digest:
+            return []
+        from vllm.v1.kv_offload.base import make_offload_key
+
+        hashes = list(getattr(request, "block_hashes", None) or [])
+        n_chunks = prompt_tokens // rt.tokens_per_chunk
+        picked = hashes[rt.hashes_per_chunk - 1::rt.hashes_per_chunk][:n_chunks]
+        return [store_key(rt.namespace_digest, bytes(make_offload_key(h, 0))) for h in picked]
+
+    def _tier_report(self, req_id: str) -> TierRequestReport | None:
+        if self._runtime is None:
+            return None
+        for ledger in self._runtime.ledgers:
+            report = ledger.pop(req_id)
+            if report is not None:
+                return report
+        return None
+
+    def _with_report(self, request: Any, params: dict | None) -> dict | None:
+        track = self._tracks.pop(request.request_id, None)
+        if track is None:
+            return params
+        ours: dict[str, Any] = {
+            "prompt_tokens": track.prompt_tokens, "tokens_loaded": track.loaded,
+            "tokens_from_prefix_cache": track.from_prefix_cache, "blocks_saved": 0,
+            "load_failed_blocks": 0, "bypass": track.bypass,
+            "chunk_keys": self._chunk_keys(request, track.prompt_tokens)}
+        tier = self._tier_report(request.request_id)
+        if tier is not None:
+            ours.update(tier.to_params())
+            ours["load_failed_blocks"] = tier.chunks_failed
+            ours["blocks_saved"] = tier.stored_chunks
+            if tier.decision is not None:
+                logger.info("vlmcache KV: request %s: %s", request.request_id,
+                            tier.decision.reason)
+        return {**(params or {}), PARAMS_KEY: ours}

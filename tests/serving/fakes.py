@@ -1,0 +1,87 @@
+"""A CPU stand-in for vLLM's OpenAI app: records what it receives, answers like vLLM."""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+
+from PIL import Image
+
+
+def data_url(image: Image.Image, fmt: str = "PNG", **save_args) -> str:
+    buf = io.BytesIO()
+    image.save(buf, format=fmt, **save_args)
+    mime = "jpeg" if fmt == "JPEG" else fmt.lower()
+    return f"data:image/{mime};base64," + base64.b64encode(buf.getvalue()).decode()
+
+
+def image(seed: int, size: int = 32) -> Image.Image:
+    im = Image.new("RGB", (size, size), (seed * 40 % 256, 80, 160))
+    im.putpixel((seed % size, 3), (255, 255, 255))
+    return im
+
+
+def chat(question: str, *images: Image.Image, tenant: str | None = None, **extra) -> dict:
+    parts = [{"type": "image_url", "image_url": {"url": data_url(im)}} for im in images]
+    body = {"model": "m", "messages": [{"role": "user", "content": [
+        *parts, {"type": "text", "text": question}]}], "temperature": 0, "max_tokens": 4}
+    if tenant is not None:
+        body["cache_salt"] = tenant
+    body.update(extra)
+    return body
+
+
+class FakeEngineApp:
+    """Answers chat/completions with text derived from the body it got (so a rewrite
+    shows in the answer) and a ``kv_transfer_params`` block like vlmcache's connector."""
+
+    def __init__(self, status: int = 200) -> None:
+        self.bodies: list[dict] = []
+        self.status = status
+
+    async def __call__(self, scope, receive, send):
+        raw = b""
+        while True:
+            msg = await receive()
+            raw += msg.get("body", b"")
+            if not msg.get("more_body"):
+                break
+        body = json.loads(raw)
+        self.bodies.append(body)
+        if self.status != 200:
+            await self._send(send, self.status, b'{"error": {"message": "bad", "code": 400}}',
+                             b"application/json")
+            return
+        text = "answer:" + json.dumps(body.get("messages") or body.get("prompt"))[-24:]
+        if body.get("stream"):
+            chunks = [{"id": "c1", "object": "chat.completion.chunk", "created": 1,
+                       "model": "m", "choices": [{"index": 0, "delta": {"role": "assistant",
+                                                                        "content": ""}}]},
+                      {"id": "c1", "object": "chat.completion.chunk", "created": 1,
+                       "model": "m", "choices": [{"index": 0, "delta": {"content": text}}]},
+                      {"id": "c1", "object": "chat.completion.chunk", "created": 1,
+                       "model": "m", "choices": [{"index": 0, "delta": {},
+                                                  "finish_reason": "stop"}]}]
+            data = b"".join(b"data: " + json.dumps(c).encode() + b"\n\n" for c in chunks)
+            await send({"type": "http.response.start", "status": 200,
+                        "headers": [(b"content-type", b"text/event-stream")]})
+            await send({"type": "http.response.body", "body": data, "more_body": True})
+            await send({"type": "http.response.body", "body": b"data: [DONE]\n\n",
+                        "more_body": False})
+            return
+        out = {"id": f"chatcmpl-{len(self.bodies)}", "object": "chat.completion",
+               "created": 1, "model": "m",
+               "choices": [{"index": 0, "finish_reason": "stop",
+                            "message": {"role": "assistant", "content": text}}],
+               "usage": {"prompt_tokens": 96, "completion_tokens": 2, "total_tokens": 98},
+               "kv_transfer_params": {"vlmcache": {"prompt_tokens": 96, "tokens_loaded": 64,
+                                                   "chunk_keys": ["k1", "k2"]}}}
+        await self._send(send, 200, json.dumps(out).encode(), b"application/json")
+
+    @staticmethod
+    async def _send(send, status, raw, ctype):
+        await send({"type": "http.response.start", "status": status,
+                    "headers": [(b"content-type", ctype),
+                                (b"content-length", str(len(raw)).encode())]})
+        await send({"type": "http.response.body", "body": raw})

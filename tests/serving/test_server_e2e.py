@@ -1,0 +1,176 @@
+"""The front inside a real vLLM OpenAI server, driven with the official `openai` client."""
+
+from __future__ import annotations
+
+import base64
+import io
+
+import httpx
+import openai
+import pytest
+from PIL import Image
+
+pytestmark = pytest.mark.vllm
+
+COLOR_Q = "what is the color of the shape?"
+
+
+def _url(image: Image.Image, fmt: str = "PNG") -> str:
+    buf = io.BytesIO()
+    image.convert("RGB").save(buf, format=fmt, **({"quality": 90} if fmt == "JPEG" else {}))
+    return f"data:image/{fmt.lower()};base64," + base64.b64encode(buf.getvalue()).decode()
+
+
+@pytest.fixture(scope="module")
+def images() -> list[Image.Image]:
+    """easy-vqa test images whose shapes have different colours (answers differ)."""
+    from vlmcache.bench.datasets import load_easy_vqa
+
+    seen: dict[str, Image.Image] = {}
+    for s in load_easy_vqa("test", limit=600):
+        if s.question == COLOR_Q and s.answer not in seen:
+            seen[s.answer] = Image.open(s.image_path).convert("RGB")
+    return list(seen.values())[:4]
+
+
+@pytest.fixture(scope="module")
+def client(server) -> openai.OpenAI:
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+
+
+def ask(client, model, question, image_url, *, uuid=None, tenant=None, **kw):
+    part = {"type": "image_url", "image_url": {"url": image_url}}
+    if uuid is not None:
+        part["uuid"] = uuid
+    extra = {"cache_salt": tenant} if tenant else {}
+    resp = client.chat.completions.create(
+        model=model, temperature=0, max_tokens=4, extra_body=extra or None,
+        messages=[{"role": "user", "content": [part, {"type": "text", "text": question}]}], **kw)
+    return resp.choices[0].message.content, resp.model_extra["vlmcache"]
+
+
+def test_repeat_then_spacing_then_paraphrase(client, server, images):
+    model = str(server.argv[4])
+    url = _url(images[0])
+    first, r1 = ask(client, model, COLOR_Q, url, tenant="acme")
+    assert r1["hit_tier"] is None and r1["statuses"]["response"] == "miss"
+    again, r2 = ask(client, model, COLOR_Q, url, tenant="acme")
+    assert (again, r2["hit_tier"]) == (first, "response")
+    spaced, r3 = ask(client, model, "  What is the color of   the shape? ", url, tenant="acme")
+    assert r3["hit_tier"] == "text:exact" and spaced == first
+    assert r3["tokens_loaded"] + r3["tokens_from_prefix_cache"] > 0
+    para, r4 = ask(client, model, "which colour does the shape have?", url, tenant="acme")
+    assert r4["hit_tier"] in ("semantic_text", "embedding:prompt"), r4
+    assert para == first and r4["canonical_prompt"] is not None
+
+
+def test_re_encoded_image_is_canonicalized_and_reuses_the_prompt(client, server, images):
+    model = str(server.argv[4])
+    first, _ = ask(client, model, "what shape is in the image?", _url(images[1]), tenant="acme")
+    jpeg, r = ask(client, model, "what shape is in the image?", _url(images[1], "JPEG"),
+                  tenant="acme")
+    assert r["hit_tier"] == "embedding:vision" and r["canonical_images"], r
+    assert r["tokens_loaded"] + r["tokens_from_prefix_cache"] > 0
+    assert jpeg == first
+
+
+def test_other_tenant_misses_every_tier(client, server, images):
+    model = str(server.argv[4])
+    url = _url(images[2])
+    ask(client, model, COLOR_Q, url, tenant="acme")
+    _, r = ask(client, model, COLOR_Q, url, tenant="globex")
+    assert r["hit_tier"] is None
+    assert r["statuses"]["response"] == "miss" and r["statuses"]["exact_text"] == "miss"
+    assert r["tokens_loaded"] == 0 and r["tokens_from_prefix_cache"] == 0
+
+
+def test_shared_uuid_attack_does_not_leak(client, server, images):
+    """Issue 12: image 4 under uuid "img-shared-1" (no salt), then image 5 under the same
+    uuid for tenant B: B must get image 5's answer, computed from image 5."""
+    model = str(server.argv[4])
+    a, b = images[0], images[3]
+    honest_b, _ = ask(client, model, COLOR_Q, _url(b), tenant="honest-c")
+    honest_a, _ = ask(client, model, COLOR_Q, _url(a), tenant="honest-c")
+    assert honest_a != honest_b  # the attack would be visible
+    ask(client, model, COLOR_Q, _url(a), uuid="img-shared-1")
+    answer, report = ask(client, model, COLOR_Q, _url(b), uuid="img-shared-1", tenant="B")
+    assert answer == honest_b
+    assert report["images_loaded"] == 0
+
+
+def test_streaming_matches_and_a_streamed_repeat_is_a_response_hit(client, server, images):
+    model = str(server.argv[4])
+    url = _url(images[3])
+    plain, _ = ask(client, model, "what shape does the image contain?", url)
+    for expected_tier in ("response", "response"):
+        stream = client.chat.completions.create(
+            model=model, temperature=0, max_tokens=4, stream=True,
+            messages=[{"role": "user", "content": [
+                {"type": "image_url", "image_url": {"url": url}},
+                {"type": "text", "text": "what shape does the image contain?"}]}])
+        chunks = list(stream)
+        text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        assert text == plain
+        assert chunks[-1].model_extra["vlmcache"]["hit_tier"] == expected_tier
+
+
+@pytest.mark.parametrize("content, field", [
+    ([{"type": "image_url", "image_url": {"url": "data:image/png;base64,aGVsbG8="}}],
+     "messages[0].content[0].image_url"),
+    ([{"type": "image_url", "image_url": {"url": "data:image/png;base64," + "A" * 400_000}}],
+     "messages[0].content[0].image_url"),
+    ([{"type": "image_embeds", "image_embeds": "AAAA"}], "messages[0].content[0]"),
+])
+def test_bad_inputs_get_a_400_naming_the_field(client, server, content, field):
+    with pytest.raises(openai.BadRequestError) as err:
+        client.chat.completions.create(model=str(server.argv[4]), max_tokens=2, messages=[
+            {"role": "user", "content": [*content, {"type": "text", "text": "hi"}]}])
+    assert err.value.body["param"] == field if isinstance(err.value.body, dict) else True
+    assert field in str(err.value)
+
+
+def test_unknown_option_and_oversized_prompt_are_refused_and_the_server_keeps_serving(
+        client, server, images):
+    model = str(server.argv[4])
+    with pytest.raises(openai.BadRequestError, match="vlmcache"):
+        client.chat.completions.create(model=model, max_tokens=2, messages=[
+            {"role": "user", "content": "hi"}], extra_body={"vlmcache": {"bypas": True}})
+    with pytest.raises(openai.BadRequestError):
+        client.chat.completions.create(model=model, max_tokens=2, temperature=0, messages=[
+            {"role": "user", "content": "word " * 3000}])
+    text, report = ask(client, model, "what shape is present?", _url(images[0]))
+    assert text and report["statuses"]["response"] == "miss"
+
+
+def test_metrics_count_what_the_responses_said_and_logs_reach_the_server_log(client, server,
+                                                                              images):
+    from prometheus_client.parser import text_string_to_metric_families
+
+    model = str(server.argv[4])
+    url = _url(images[1])
+    before = _response_hits(server.url)
+    for _ in range(3):
+        ask(client, model, "is there a red shape?", url, tenant="metrics")
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+               for f in text_string_to_metric_families(httpx.get(server.url + "/metrics").text)
+               for s in f.samples}
+    hits = samples[("vlmcache_tier_lookups_total",
+                    (("status", "hit"), ("tenant", "metrics"), ("tier", "response")))]
+    misses = samples[("vlmcache_tier_lookups_total",
+                      (("status", "miss"), ("tenant", "metrics"), ("tier", "response")))]
+    assert (hits, misses) == (2, 1)
+    assert _response_hits(server.url) == before + 2
+    log = server.log()
+    assert "vlmcache front: model" in log and "hit (response)" in log
+
+
+def _response_hits(url: str) -> float:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    total = 0.0
+    for f in text_string_to_metric_families(httpx.get(url + "/metrics").text):
+        for s in f.samples:
+            if s.name == "vlmcache_front_requests_total" and s.labels.get("hit_tier") == \
+                    "response":
+                total += s.value
+    return total

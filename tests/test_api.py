@@ -1,0 +1,59 @@
+"""CachedLLM's bad-input errors (no engine: a stand-in that records what it is given)."""
+
+import json
+
+import pytest
+from PIL import Image
+
+from vlmcache.api import CachedLLM, VlmRequest, model_image_placeholder
+from vlmcache.config import VlmCacheConfig
+from vlmcache.errors import ConfigError, RequestError
+
+
+class NoEngine:
+    def generate(self, *args, **kwargs):  # pragma: no cover - must never be reached
+        raise AssertionError("a bad request reached the engine")
+
+
+@pytest.fixture
+def llm(tmp_path):
+    return CachedLLM(str(tmp_path), VlmCacheConfig(store_path=str(tmp_path / "s")),
+                     enabled=False, engine=NoEngine())
+
+
+IMG = Image.new("RGB", (8, 8))
+
+
+@pytest.mark.parametrize("request_, message", [
+    (VlmRequest("USER: <image>\nWhat? ASSISTANT:"), "1 image placeholder"),
+    (VlmRequest("USER: What? ASSISTANT:", (IMG,)), "0 image placeholder"),
+    (VlmRequest("USER: <image>\nWhat? ASSISTANT:", (IMG, IMG)), "but 2 image"),
+    (VlmRequest("USER: <image> ASSISTANT:", ("not an image",)), "image 0 is a str"),
+    (VlmRequest("USER: <image> ASSISTANT:", (IMG,), question="absent"), "question"),
+])
+def test_bad_requests_raise_request_error_naming_the_problem(llm, request_, message):
+    with pytest.raises(RequestError, match=message) as err:
+        llm.generate([request_])
+    assert "request 0" in str(err.value)
+
+
+def test_a_bare_string_is_not_a_list_of_requests(llm):
+    with pytest.raises(RequestError, match="requests: expected a list"):
+        llm.generate("abc")
+    with pytest.raises(RequestError, match="requests: expected a list"):
+        llm.generate(VlmRequest("hi"))
+
+
+def test_a_misspelled_config_keyword_is_a_config_error_naming_it(tmp_path):
+    with pytest.raises(ConfigError, match="'stor_path' \\(did you mean 'store_path'\\?\\)"):
+        VlmCacheConfig(stor_path="/x")
+    with pytest.raises(ConfigError, match="stor_path"):
+        CachedLLM(str(tmp_path), {"stor_path": "/x"}, enabled=False, engine=NoEngine())
+
+
+def test_placeholder_comes_from_the_model_files(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"image_token_index": 7}))
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(
+        {"added_tokens_decoder": {"7": {"content": "<|image_pad|>"}}}))
+    assert model_image_placeholder(str(tmp_path)) == "<|image_pad|>"
+    assert model_image_placeholder(str(tmp_path / "missing")) == "<image>"

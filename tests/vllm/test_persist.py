@@ -1,0 +1,138 @@
+"""The persistent KV tier's logic on a real DiskStore (no vLLM)."""
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from vlmcache.store.disk import DiskStore
+from vlmcache.vllm.cost import CostModel, CostPriors
+from vlmcache.vllm.persist import PersistentKV, store_key
+
+ROW = 4096
+NS = "a" * 64
+
+
+def rows(n=8, seed=0) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, 256, (n, ROW), dtype=np.uint8)
+
+
+def tier(root: Path, region: np.ndarray, ns=NS, sync=True, prefill=1e9, read=1e12):
+    cost = CostModel(CostPriors(read, 0.0, prefill))
+    return PersistentKV(DiskStore(root, 10**9), region, ns, 16, cost, io_threads=2, sync=sync)
+
+
+def test_rows_stored_then_loaded_by_a_new_tier_into_other_rows(tmp_path):
+    src = rows()
+    t = tier(tmp_path, src)
+    t.submit_store(1, [b"k0", b"k1"], [3, 5], "r1")
+    assert [(o.job_id, o.success) for o in t.finished()] == [(1, True)]
+    t.shutdown()
+
+    dst = np.zeros_like(src)  # a restarted engine: new region, same store
+    t2 = tier(tmp_path, dst)
+    assert t2.lookup(b"k0", "r2") and t2.lookup(b"k1", "r2")
+    t2.submit_load(7, [b"k0", b"k1"], [0, 1], "r2")
+    out = t2.finished()
+    assert [(o.job_id, o.success, o.nbytes) for o in out] == [(7, True, 2 * ROW)]
+    assert np.array_equal(dst[0], src[3]) and np.array_equal(dst[1], src[5])
+    report = t2.ledger.pop("r2")
+    assert report.chunks_found == 2 and report.chunks_loaded == 2
+    assert report.to_params()["cost_model_choice"] == "load"
+
+
+def test_another_namespace_never_finds_the_rows(tmp_path):
+    src = rows()
+    t = tier(tmp_path, src)
+    t.submit_store(1, [b"k0"], [0])
+    other = tier(tmp_path, np.zeros_like(src), ns="b" * 64)
+    assert t.lookup(b"k0", "r")
+    assert not other.lookup(b"k0", "r")
+    assert store_key(NS, b"k0") != store_key("b" * 64, b"k0")
+
+
+def test_a_corrupt_chunk_fails_its_load_job_and_is_reported(tmp_path):
+    src = rows()
+    t = tier(tmp_path, src)
+    t.submit_store(1, [b"k0"], [0])
+    t.finished()
+    path = next((tmp_path / "chunks").rglob(store_key(NS, b"k0") + "*"))
+    data = bytearray(path.read_bytes())
+    data[-10] ^= 0xFF
+    path.write_bytes(bytes(data))
+    dst = np.zeros_like(src)
+    t.submit_load(2, [b"k0"], [0], "r")
+    (outcome,) = t.finished()
+    assert not outcome.success
+    assert not dst[0].any()
+    assert t.ledger.pop("r").chunks_failed == 1
+
+
+def test_a_corrupt_chunk_mid_prompt_keeps_the_prefix_before_it(tmp_path):
+    src = rows()
+    t = tier(tmp_path, src)
+    t.submit_store(1, [b"k0", b"k1", b"k2"], [0, 1, 2])
+    path = next((tmp_path / "chunks").rglob(store_key(NS, b"k1") + "*"))
+    path.write_bytes(path.read_bytes()[:100])  # truncated
+    dst = np.zeros_like(src)
+    t2 = tier(tmp_path, dst)
+    t2.submit_load(2, [b"k0", b"k1", b"k2"], [4, 5, 6], "r")
+    (outcome,) = t2.finished()
+    assert not outcome.success and outcome.loaded_keys == (b"k0",)
+    assert np.array_equal(dst[4], src[0]) and not dst[5].any() and not dst[6].any()
+    report = t2.ledger.pop("r")
+    assert (report.chunks_loaded, report.chunks_failed) == (1, 1)
+    assert not t2.lookup(b"k1", "r2")  # the faulty file is gone: a miss from now on
+
+
+def test_a_row_of_another_size_is_never_loaded(tmp_path):
+    t = tier(tmp_path, rows())
+    t.submit_store(1, [b"k0"], [0])
+    small = np.zeros((4, ROW // 2), dtype=np.uint8)  # another KV layout, same namespace
+    t2 = tier(tmp_path, small)
+    t2.submit_load(2, [b"k0"], [0], "r")
+    (outcome,) = t2.finished()
+    assert not outcome.success and not small.any()
+
+
+def test_cost_model_skip_is_a_miss_with_its_reason(tmp_path):
+    src = rows()
+    t = tier(tmp_path, src)
+    t.submit_store(1, [b"k0"], [0])
+    slow = tier(tmp_path, src, prefill=1e12, read=1.0)  # recompute is ~free, reads crawl
+    assert not slow.lookup(b"k0", "r")
+    params = slow.ledger.pop("r").to_params()
+    assert params["cost_model_choice"] == "skip"
+    assert params["persistent_chunks_found"] == 0  # not even looked for
+    assert "recompute" in params["cost_model_reason"]
+
+
+def test_async_jobs_finish_on_io_threads_and_drain(tmp_path):
+    src = rows(32)
+    t = tier(tmp_path, src, sync=False)
+    for job in range(8):
+        t.submit_store(job, [f"k{job}".encode()], [job])
+    t.drain()
+    stored = t.finished()
+    assert sorted(o.job_id for o in stored) == list(range(8))
+    assert all(o.success for o in stored)
+    t.submit_load(100, [b"k3"], [20], "r")
+    t.drain()
+    done = {o.job_id: o.success for o in t.finished()}
+    assert done.get(100) is True
+    assert np.array_equal(src[20], src[3])
+    t.shutdown()
+
+
+def test_rows_must_be_bytes():
+    with pytest.raises(ValueError):
+        PersistentKV(None, np.zeros((2, 2), dtype=np.float32), NS, 16,  # type: ignore[arg-type]
+                     CostModel(CostPriors(1.0, 0.0, 1.0)))
+
+
+def test_rows_the_cost_model_would_never_load_are_not_written(tmp_path):
+    t = tier(tmp_path, rows(), prefill=1e12, read=1.0)  # loading can never win
+    t.submit_store(1, [b"k0"], [0])
+    assert [o.success for o in t.finished()] == [True]
+    assert not list((tmp_path / "chunks").rglob("*.safetensors"))
+    assert not tier(tmp_path, rows()).lookup(b"k0", "r")
