@@ -69,10 +69,16 @@ class MultiModalSpan:
     length: int
 
 
+def _utf8(text: str) -> bytes:
+    """``text`` as bytes for a key. Tenant names come from clients (JSON allows a lone
+    surrogate such as ``"\\ud800"``): ``surrogatepass`` keeps every str distinct, never raises."""
+    return text.encode("utf-8", "surrogatepass")
+
+
 def tenant_scope(namespace_digest: str, tenant: str | None) -> bytes:
     """The root of a request's key chain: namespace plus tenant (``None`` = no tenant)."""
     h = hashlib.sha256(b"scope\0" + namespace_digest.encode())
-    h.update(b"\0tenant\0" + (tenant or "").encode() + (b"\1" if tenant is None else b"\2"))
+    h.update(b"\0tenant\0" + _utf8(tenant or "") + (b"\1" if tenant is None else b"\2"))
     return h.digest()
 
 
@@ -114,12 +120,12 @@ def image_uuid(deployment_salt: str, tenant: str | None, content_hash: str) -> s
     encoder tier key images by it, so one tenant's image never serves another tenant.
     """
     scope = f"{deployment_salt}\0{'' if tenant is None else 't:' + tenant}"
-    return "vlmc-" + hashlib.sha256(f"{scope}\0{content_hash}".encode()).hexdigest()
+    return "vlmc-" + hashlib.sha256(_utf8(f"{scope}\0{content_hash}")).hexdigest()
 
 
 def tenant_cache_salt(deployment_salt: str, tenant: str) -> str:
     """The ``cache_salt`` vLLM gets for ``tenant``: isolates vLLM's and our caches."""
-    return hashlib.sha256(f"{deployment_salt}\0{tenant}".encode()).hexdigest()[:32]
+    return hashlib.sha256(_utf8(f"{deployment_salt}\0{tenant}")).hexdigest()[:32]
 
 
 def is_minted_image_uuid(identifier: str) -> bool:

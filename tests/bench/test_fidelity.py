@@ -85,3 +85,26 @@ def test_outcomes_and_targets():
     t = targets(variants)
     assert not t["hard_negatives_zero"] and t["benign_all_at_least_95pct"]
     assert t["paraphrase_recall"] == 1.0 and t["other_image_rate"] == 0.5
+
+
+def test_rows_round_trip_and_benign_family_counts_as_right():
+    from vlmcache.bench.fidelity import _row_json, rows_from_json
+
+    a = ShapeAttrs("circle", "red")
+    seed = Probe("seed", None, "what color is the shape?", a, "x", False, source="x")
+    jpeg = Probe("benign:jpeg_q35", None, "what color is the shape?", a, "x:benign:jpeg_q35",
+                 True, source="x")
+    bright = Probe("benign:brightness_15pct", None, "what color is the shape?", a,
+                   "x:benign:brightness_15pct", True, source="x")
+    para = Probe("text:paraphrase", None, "Which color does the shape have?", a, "x", True,
+                 meaning="what color is the shape?", source="x")
+    rows = [Row(seed, on="red", off="red"), Row(jpeg, on="red", off="red"),
+            Row(bright, on="red", off="red", hit_tier="embedding:vision",
+                canonical_image="x:benign:jpeg_q35"),  # the jpeg copy became canonical
+            Row(para, on="red", off="red", hit_tier="semantic_text",
+                canonical_question="what color is the shape?")]
+    back = rows_from_json([_row_json(r) for r in rows])
+    variants = summarize(back)
+    assert variants == summarize(rows)
+    assert variants["benign:brightness_15pct"]["right"] == 1
+    assert variants["text:paraphrase"]["right"] == 1

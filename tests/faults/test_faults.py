@@ -57,8 +57,6 @@ def test_hostile_names() -> None:
     assert_clean(fault_inputs.hostile_names(1))
 
 
-@pytest.mark.xfail(strict=True, reason="vlmcache.keys encodes tenants as strict UTF-8: a lone "
-                   "surrogate raises UnicodeEncodeError (reported in issue 14's note)")
 def test_lone_surrogate_tenant() -> None:
     assert_clean(fault_inputs.lone_surrogate_tenant(1))
 

@@ -17,7 +17,7 @@ def _link(url: str, **kw) -> RedisLink:
 
 
 def test_call_returns_result(live_redis):
-    link = _link(live_redis.url)
+    link = _link(live_redis.url, timeout_s=0.5)  # a loaded 2-core VM can miss 5 ms
     assert link.call("ping", lambda c: c.ping()) is True
     assert link.up and link.stats().failures == 0
 
@@ -38,8 +38,10 @@ def test_refused_connection_fails_fast_then_skips_during_backoff():
 
 
 def test_hung_server_times_out_within_bound(live_redis):
+    from vlmcache.shared.connection import warm_up
+
     link = _link(live_redis.url, timeout_s=0.005)
-    assert link.call("ping", lambda c: c.ping()) is True
+    assert warm_up(link)  # connected before the server hangs
     live_redis.pause()
     try:
         start = time.perf_counter()
@@ -50,7 +52,7 @@ def test_hung_server_times_out_within_bound(live_redis):
 
 
 def test_reconnects_after_restart(live_redis):
-    link = _link(live_redis.url, backoff_max_s=0.1)
+    link = _link(live_redis.url, backoff_max_s=0.1, timeout_s=0.5)
     assert link.call("set", lambda c: c.set("k", b"v")) is True
     live_redis.kill()
     assert link.call("get", lambda c: c.get("k")) is FAILED
@@ -65,7 +67,7 @@ def test_reconnects_after_restart(live_redis):
 
 
 def test_command_error_does_not_take_the_link_down(live_redis):
-    link = _link(live_redis.url)
+    link = _link(live_redis.url, timeout_s=0.5)
     assert link.call("bad", lambda c: c.execute_command("NOSUCHCOMMAND")) is FAILED
     assert link.up and link.stats().rejected == 1
     assert link.call("ping", lambda c: c.ping()) is True
@@ -76,7 +78,7 @@ def test_password_from_environment_never_shown(live_redis, monkeypatch, caplog):
     client.config_set("requirepass", "s3cret-pw")
     try:
         monkeypatch.setenv("VLMC_TEST_PW", "s3cret-pw")
-        link = _link(live_redis.url, password_env="VLMC_TEST_PW")
+        link = _link(live_redis.url, password_env="VLMC_TEST_PW", timeout_s=0.5)
         assert link.call("ping", lambda c: c.ping()) is True
         monkeypatch.setenv("VLMC_TEST_PW", "b4d-pw-xyz")
         bad = _link(live_redis.url, password_env="VLMC_TEST_PW")
@@ -99,3 +101,15 @@ def test_config_builds_settings():
     assert settings.timeout_s == pytest.approx(0.007)
     assert settings.safe_url == "redis://10.0.0.5:6380/2"
     assert redact_url("rediss://user@host:1/0") == "rediss://host:1/0"
+
+
+def test_warm_up_opens_a_pooled_connection_outside_the_link_state(live_redis):
+    from vlmcache.shared.connection import warm_up
+
+    link = _link(live_redis.url, timeout_s=0.5)
+    assert warm_up(link, attempts=5)
+    assert link.stats().calls == 0  # not counted as a call, no latency sample
+    pool = link.client.connection_pool
+    assert len(pool._available_connections) == 1  # the first request reuses it
+    live_redis.kill()
+    assert not warm_up(_link(live_redis.url), attempts=2, pause_s=0.01)

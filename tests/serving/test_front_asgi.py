@@ -270,3 +270,82 @@ def test_other_generation_routes_refuse_client_identities_and_embeds(rig):
     assert rig.engine.bodies == []
     rig.post({"model": "m", "input": "hi"}, "/v1/responses")
     assert rig.engine.bodies == [{"model": "m", "input": "hi"}]
+
+
+class _ImageServer:
+    """A loopback HTTP server answering /ok.png with a PNG and anything else with 404."""
+
+    def __init__(self, png: bytes) -> None:
+        import threading
+
+        import uvicorn
+
+        from vlmcache.bench.serve_load import free_port
+
+        async def app(scope, receive, send):
+            ok = scope["path"] == "/ok.png"
+            await send({"type": "http.response.start", "status": 200 if ok else 404,
+                        "headers": [(b"content-type", b"image/png")]})
+            await send({"type": "http.response.body", "body": png if ok else b""})
+
+        self.url = f"http://127.0.0.1:{free_port()}"
+        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1",
+                                                    port=int(self.url.rsplit(":", 1)[1]),
+                                                    log_level="warning", lifespan="off"))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.thread.start()
+        import time
+        while not self.server.started:
+            time.sleep(0.02)
+
+    def close(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=5)
+
+
+def test_remote_images_are_fetched_by_the_front_when_allowed(tmp_path):
+    import base64
+
+    png = base64.b64decode(data_url(image(7)).split(",", 1)[1])
+    server = _ImageServer(png)
+    try:
+        rig = Rig(tmp_path, remote_images="fetch", max_image_bytes=len(png) + 10)
+        body = chat("What?")
+        body["messages"][0]["content"].insert(0, {"type": "image_url", "image_url": {
+            "url": server.url + "/ok.png"}})
+        assert rig.post(body).status_code == 200
+        sent = rig.engine.bodies[0]["messages"][0]["content"][0]
+        assert sent["image_url"]["url"].startswith("data:image/png;base64,")
+        assert sent["uuid"].startswith("vlmc-")
+        body["messages"][0]["content"][0]["image_url"]["url"] = server.url + "/missing.png"
+        r = rig.post(body)
+        assert r.status_code == 400 and "HTTP 404" in r.json()["error"]["message"]
+        (tmp_path / "small").mkdir()
+        small = Rig(tmp_path / "small", remote_images="fetch", max_image_bytes=10)
+        body["messages"][0]["content"][0]["image_url"]["url"] = server.url + "/ok.png"
+        r = small.post(body)
+        assert r.status_code == 400 and "byte limit" in r.json()["error"]["message"]
+    finally:
+        server.close()
+
+
+def test_lone_surrogates_from_clients_never_crash_the_front(rig):
+    raw = json.dumps(chat("Is it \ud800 red?", image(1), tenant="t\udc00"))
+    for _ in range(2):
+        r = rig.post(raw, headers={"content-type": "application/json"})
+        assert r.status_code == 200, r.text
+    assert r.json()["vlmcache"]["hit_tier"] == "response"
+    from prometheus_client import generate_latest
+
+    assert b"vlmcache_tier_lookups_total" in generate_latest(rig.registry)
+
+
+def test_a_failing_tier_is_a_miss_not_an_error(rig, caplog):
+    def broken(*args, **kwargs):
+        raise RuntimeError("index exploded")
+
+    rig.front.cascade.resolve = broken
+    r = rig.post(chat("What is shown?", image(1)))
+    assert r.status_code == 200 and "exact_text" not in r.json()["vlmcache"]["statuses"]
+    assert "cascade lookup failed" in caplog.text
+    assert rig.engine.bodies[0]["messages"][0]["content"][0]["uuid"].startswith("vlmc-")

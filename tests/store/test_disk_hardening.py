@@ -169,3 +169,17 @@ def test_repeated_write_failures_log_once_then_a_summary(tmp_path: Path, monkeyp
     lines = [r.getMessage() for r in caplog.records if "could not write:" in r.getMessage()]
     assert len(lines) == 2 and "29 more" in lines[1]
     assert store.stats().errors == 31  # 30 chunks and the manifest
+
+
+def test_reused_chunks_outlive_a_scan_of_one_off_chunks(tmp_path: Path) -> None:
+    plain = DiskStore(tmp_path / "lru", 500)
+    clock = DiskStore(tmp_path / "clock", 500, protect_reused=True)
+    for store in (plain, clock):
+        for i in range(3):
+            store.put(KEYS[i], chunk(i))
+            assert store.get(KEYS[i]) is not None
+        for i in range(10, 20):  # one-off chunks
+            store.put(KEYS[i], chunk(i))
+    assert not any(plain.contains(KEYS[i]) for i in range(3))
+    assert all(clock.contains(KEYS[i]) for i in range(3))
+    assert clock.stats().occupancy_bytes <= 500

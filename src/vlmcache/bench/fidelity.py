@@ -178,7 +178,10 @@ def _outcome(row: Row) -> str:
     if p.category.startswith(("benign", "hard")):
         if row.canonical_image is None:
             return "miss"
-        return "right" if row.canonical_image == p.source else "other_image"
+        # the source, or a benign variant of it that became canonical: the same picture
+        same = row.canonical_image in (p.source, f"{p.source}:video") or \
+            row.canonical_image.startswith(f"{p.source}:benign:")
+        return "right" if same else "other_image"
     if row.hit_tier not in TEXT_TIERS:
         return "miss"
     return "right" if row.canonical_question == p.meaning else "other_question"
@@ -256,6 +259,9 @@ def _parser() -> argparse.ArgumentParser:
                         help="measure calibration curves on train images, write them here, "
                              "and stop (no engine)")
     parser.add_argument("--calibration-images", type=int, default=150)
+    parser.add_argument("--resummarize", default=None,
+                        help="recompute variants and targets of an existing results file "
+                             "from its rows (no engine) and write it to --out")
     parser.add_argument("--candidate-recall-out", default=None,
                         help="measure the image embedders' candidate recall on 300 test "
                              "images, write it here, and stop (no engine)")
@@ -275,6 +281,14 @@ def _command(argv: Sequence[str] | None) -> str:
 
 def main(argv: Sequence[str] | None = None) -> None:
     args = _parser().parse_args(argv)
+    if args.resummarize:
+        result = json.loads(Path(args.resummarize).read_text())
+        variants = summarize(rows_from_json(result["rows"]))
+        result.update(variants=variants, targets=targets(variants),
+                      summarized_by=_command(argv))
+        Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+        print("targets:", json.dumps(result["targets"]))
+        return
     if args.candidate_recall_out:
         from vlmcache.bench.fidelity_calibrate import candidate_recall
 
@@ -323,8 +337,25 @@ def _row_json(row: Row) -> dict[str, Any]:
             "source": row.probe.source, "question": row.probe.question, "gt": row.probe.gt,
             "on": row.on, "off": row.off, "hit_tier": row.hit_tier,
             "canonical_image": row.canonical_image,
-            "canonical_question": row.canonical_question, "outcome": _outcome(row)
-            if row.probe.category != "seed" else None}
+            "canonical_question": row.canonical_question, "meaning": row.probe.meaning,
+            "outcome": _outcome(row) if row.probe.category != "seed" else None}
+
+
+def rows_from_json(rows: Sequence[dict[str, Any]]) -> list[Row]:
+    """Rows of a results file, back as :class:`Row` objects (for ``--resummarize``)."""
+    attrs = ShapeAttrs("", "")
+    first_seed: dict[str, str] = {}  # files without "meaning": a paraphrase rewords the
+    for r in rows:                   # first seed question of its image (build_probes)
+        if r["kind"] == "seed":
+            first_seed.setdefault(r["source"], r["question"])
+    return [Row(Probe(r["kind"], None, r["question"], attrs, r["image"],
+                      r["kind"].startswith(("benign", "text")),
+                      meaning=r.get("meaning") or (first_seed.get(r["source"], "")
+                                                   if r["kind"] == "text:paraphrase" else ""),
+                      gt_override=r["gt"], source=r["source"]),
+                on=r["on"], off=r["off"], hit_tier=r["hit_tier"],
+                canonical_image=r["canonical_image"],
+                canonical_question=r["canonical_question"]) for r in rows]
 
 
 def _write(args: argparse.Namespace, argv: Sequence[str] | None,

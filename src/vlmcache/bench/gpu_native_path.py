@@ -86,6 +86,9 @@ class Runner:
         self.params2 = SamplingParams(temperature=0.0, max_tokens=2)
         engine_args = _engine_args(args)
         self.cached = _vlmcache_llm(args, engine_args) if mode.startswith("vlmcache") else None
+        if self.cached is not None:  # the geometries carry no tokenizer_config to read it from
+            self.cached.image_placeholder = ("<|image_pad|>" if "<|image_pad|>" in self.prompt
+                                             else "<image>")
         self.llm = self.cached.llm if self.cached else _native_llm(mode, args, engine_args)
 
     def generate(self, seeds: Sequence[int], params: Any = None) -> list[dict[str, Any]]:

@@ -181,7 +181,9 @@ def _one(cascade: Any, im: Any, question: str) -> tuple[dict[str, float], str | 
     from vlmcache.tiers.semantic_text import (
         PROMPT_LAYER,
         QUESTION_LAYER,
+        TextQuery,
         image_context,
+        query_scope,
         strip_placeholders,
     )
 
@@ -195,15 +197,10 @@ def _one(cascade: Any, im: Any, question: str) -> tuple[dict[str, float], str | 
         lambda: cascade.resolve(prompt, (h,), None, images=(im,), question=question))
     row["resolve_repeated"], res = _ms(
         lambda: cascade.resolve(prompt, (h,), None, images=(im,), question=question))
-    row["search_image"], _ = _ms(
-        lambda: image.index.search(vec, k=4, accept=lambda e: e.tenant is None))
-    context = image_context(res.image_hashes)
-
-    def accept(e: Any) -> bool:
-        return e.tenant is None and e.context == context
-
+    row["search_image"], _ = _ms(lambda: image.index.search_scope(vec, "None", k=4))
+    scope = query_scope(TextQuery(question, prompt, image_context(res.image_hashes), None))
     row["search_text"], _ = _ms(lambda: [
-        text.indexes[layer].search(v, k=4, accept=accept)
+        text.indexes[layer].search_scope(v, scope, k=4)
         for layer, v in zip((PROMPT_LAYER, QUESTION_LAYER), tvecs)])
     return row, res.hit_tier
 
@@ -293,16 +290,18 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--out", default="benchmarks/results/lookup-latency.json")
     args = parser.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    records = [run(int(n), args.queries, args.hnsw_threshold) for n in args.entries.split(",")]
     given = list(sys.argv[1:] if argv is None else argv)
-    record = {"command": " ".join(["python benchmarks/lookup_latency.py",
-                                   *map(shlex.quote, given)]), **records[0],
-              "runs": [_run_summary(r) for r in records], "all_runs": records,
-              "notes": __doc__.split("\n\n", 1)[1].strip()}
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(record, indent=2) + "\n")
-    print(table(record))
+    records: list[dict[str, Any]] = []
+    for n in args.entries.split(","):  # written after each size: a larger one may not fit
+        records.append(run(int(n), args.queries, args.hnsw_threshold))
+        record = {"command": " ".join(["python benchmarks/lookup_latency.py",
+                                       *map(shlex.quote, given)]), **records[0],
+                  "runs": [_run_summary(r) for r in records], "all_runs": records,
+                  "notes": __doc__.split("\n\n", 1)[1].strip()}
+        out.write_text(json.dumps(record, indent=2) + "\n")
+        print(table(records[-1]))
     print(f"wrote {out}")
     return record
 

@@ -18,7 +18,7 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from vlmcache.bench.faults import FaultResult, captured, chunk_for, same
@@ -34,6 +34,14 @@ class RedisFaultResult(FaultResult):
 
     max_lookup_ms: float | None = None
     accounting_mismatch_bytes: int = 0  # |occupancy counted - bytes Redis holds|
+    lookups_ms: list[float] = field(default_factory=list, repr=False)
+
+    def as_json(self) -> dict[str, object]:
+        out = super().as_json()
+        samples = sorted(out.pop("lookups_ms"))  # type: ignore[arg-type]
+        out["lookups_timed"] = len(samples)
+        out["p99_lookup_ms"] = samples[int(0.99 * (len(samples) - 1))] if samples else None
+        return out
 
 
 def key_for(i: int, salt: str = "") -> str:
@@ -54,7 +62,9 @@ def check_read(store: RedisChunkStore, key: str, res: RedisFaultResult) -> bool 
     except Exception:
         res.exceptions += 1
         return None
-    res.max_lookup_ms = max(res.max_lookup_ms or 0.0, (time.perf_counter() - start) * 1000)
+    elapsed_ms = (time.perf_counter() - start) * 1000
+    res.lookups_ms.append(elapsed_ms)
+    res.max_lookup_ms = max(res.max_lookup_ms or 0.0, elapsed_ms)
     if got is None:
         res.misses += 1
         return False

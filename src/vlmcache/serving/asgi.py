@@ -110,7 +110,7 @@ class VlmCacheMiddleware:
 
     async def _forward(self, plan: FrontPlan, scope: Scope, receive: Receive,
                        send: Send) -> None:
-        data = json.dumps(plan.forward, ensure_ascii=False).encode()
+        data = json.dumps(plan.forward).encode()
         scope = dict(scope)
         scope["headers"] = [(k, v) for k, v in scope.get("headers", [])
                             if k.lower() != b"content-length"]
@@ -171,7 +171,7 @@ class _Capture:
         report = await anyio.to_thread.run_sync(self.front.finish, self.plan, status, body)
         if report is not None and body is not None:
             body["vlmcache"] = report_body(self.plan, report)
-            raw = json.dumps(body, ensure_ascii=False).encode()
+            raw = json.dumps(body).encode()
             headers += _report_headers(body["vlmcache"])
         headers.append((b"content-length", str(len(raw)).encode()))
         await self.send({**self.start, "headers": headers})
@@ -281,7 +281,7 @@ def _report_event(plan: FrontPlan, body: dict[str, Any], report: dict[str, Any])
 
 async def _send_json(send: Send, status: int, body: dict[str, Any],
                      headers: list[tuple[bytes, bytes]] = ()) -> None:
-    raw = json.dumps(body, ensure_ascii=False).encode()
+    raw = json.dumps(body).encode()
     await send({"type": "http.response.start", "status": status, "headers": [
         (b"content-type", b"application/json"), (b"content-length", str(len(raw)).encode()),
         *headers]})

@@ -104,20 +104,32 @@ class CascadeFront:
         plan = FrontPlan(req, None, None, "skip", None, None, started,
                          {"decode": t_decoded - started})
         self._lookup_response(plan)
-        t_response = time.perf_counter()
+        t_response = t_response_start = time.perf_counter()
         plan.stages["response_lookup"] = t_response - t_decoded
         if plan.cached is not None:
             return plan
         if not req.options.bypass and req.transcript is not None:
-            with self._lock:
-                plan.resolution = self.cascade.resolve(
-                    req.transcript, req.image_hashes, req.tenant,
-                    images=[ref.image for ref in req.images], question=req.question)
+            self.drain()  # read your writes: answers already sent are findable
+            t_response = time.perf_counter()
+            plan.stages["wait_records"] = t_response - t_response_start
+            plan.resolution = self._resolve(req)
         t_cascade = time.perf_counter()
         plan.forward = rewrite_body(req, plan.resolution, self.config)
         plan.stages["cascade"] = t_cascade - t_response
         plan.stages["rewrite"] = time.perf_counter() - t_cascade
         return plan
+
+    def _resolve(self, req: ParsedRequest) -> Resolution | None:
+        """The cascade's resolution; a fault in a tier is a miss and a log line."""
+        assert req.transcript is not None
+        try:
+            with self._lock:
+                return self.cascade.resolve(
+                    req.transcript, req.image_hashes, req.tenant,
+                    images=[ref.image for ref in req.images], question=req.question)
+        except Exception:
+            logger.exception("front: cascade lookup failed; the request goes on as a miss")
+            return None
 
     def _lookup_response(self, plan: FrontPlan) -> None:
         req = plan.request

@@ -74,7 +74,10 @@ class FrontMetrics:
     def tenant(self, tenant: str | None) -> str:
         if not self.tenant_label:
             return ALL_TENANTS
-        return "" if tenant is None else tenant
+        if tenant is None:
+            return ""
+        # a client's string: printable in /metrics (lone surrogates escaped), bounded
+        return tenant.encode("utf-8", "backslashreplace").decode("utf-8")[:128]
 
     def observe_report(self, report: ReuseReport, tenant: str | None) -> None:
         """Count one finished request."""

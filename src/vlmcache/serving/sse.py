@@ -16,8 +16,7 @@ DONE = b"data: [DONE]\n\n"
 
 
 def event(payload: dict[str, Any]) -> bytes:
-    return b"data: " + json.dumps(payload, separators=(",", ":"),
-                                  ensure_ascii=False).encode() + b"\n\n"
+    return b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n"
 
 
 @dataclass

@@ -10,6 +10,7 @@ Redis costs a request one timeout per backoff period, never a block.
 
 from __future__ import annotations
 
+import inspect
 import logging
 import os
 import random
@@ -92,6 +93,12 @@ def make_client(settings: RedisSettings) -> object:
     extra: dict[str, object] = {}
     if settings.url.startswith("rediss://") and settings.tls_ca_file:
         extra["ssl_ca_certs"] = settings.tls_ca_file
+    params = inspect.signature(redis.Redis.__init__).parameters  # type: ignore[attr-defined]
+    # redis-py >= 5 sends CLIENT SETINFO twice on every connect: two more round trips
+    if "driver_info" in params:
+        extra["driver_info"] = None  # redis-py >= 8: an explicit None turns it off
+    elif "lib_name" in params:
+        extra.update(lib_name=None, lib_version=None)
     try:  # redis-py >= 7 probes for cluster maintenance notifications: an extra round trip
         from redis.maint_notifications import MaintNotificationsConfig
 
@@ -237,10 +244,30 @@ _links_lock = threading.Lock()
 
 
 def shared_link(settings: RedisSettings) -> RedisLink:
-    """The process-wide link for ``settings`` (one connection pool per Redis per process)."""
+    """The process-wide link for ``settings`` (one connection pool per Redis per process),
+    warmed up on first use."""
     with _links_lock:
         link = _links.get(settings)
         if link is None:
             link = RedisLink(settings)
             _links[settings] = link
+            threading.Thread(target=warm_up, args=(link,), name="vlmcache-redis-warm-up",
+                             daemon=True).start()
         return link
+
+
+def warm_up(link: RedisLink, attempts: int = 20, pause_s: float = 0.1) -> bool:
+    """Open a pooled connection before the first request needs one.
+
+    Off the request path and outside the link's state: a slow first connect (TCP, TLS, AUTH)
+    neither takes the link down nor counts as a read latency. ``True`` once Redis answered.
+    """
+    for _ in range(attempts):
+        try:
+            link.client.ping()  # type: ignore[attr-defined]
+            return True
+        except Exception:  # not up yet, or slower than the timeouts: try again
+            time.sleep(pause_s)
+    logger.info("redis %s did not answer the warm-up; lookups will miss until it does",
+                link.settings.safe_url)
+    return False

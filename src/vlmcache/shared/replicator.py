@@ -81,7 +81,9 @@ class Replicator:
             self._thread.start()
 
     def close(self) -> None:
-        """Stop the thread after a last sync (pending records get one more chance)."""
+        """Stop the thread after a last sync (pending records get one more chance); once."""
+        if self._stop.is_set():
+            return
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5)

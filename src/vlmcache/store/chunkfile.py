@@ -46,6 +46,7 @@ class _Entry:
     nbytes: int
     sha256: str
     last_used: float
+    reused: bool = False  # hit at least once since it was (re)written
 
 
 def check_key(key: object) -> str:
@@ -260,6 +261,26 @@ def _scandir(path: Path) -> list[os.DirEntry[str]]:
             return list(it)
     except OSError:
         return []
+
+
+def scan_keys(root: Path, chunks: Path, store: str) -> set[str]:
+    """Keys of the chunk files under ``chunks`` (symlinked shards skipped); stale temp
+    files of dead writers in ``root`` and the shards are removed on the way."""
+    found: set[str] = set()
+    for item in _scandir(root):
+        if item.is_file(follow_symlinks=False) and _is_stale_tmp(item):
+            _unlink_quiet(Path(item.path))
+    for shard in _scandir(chunks):
+        if not shard.is_dir(follow_symlinks=False):
+            continue
+        for item in _scandir(Path(shard.path)):
+            key = item.name[: -len(SUFFIX)] if item.name.endswith(SUFFIX) else ""
+            if key and _KEY_RE.fullmatch(key) and key[:2] == shard.name:
+                found.add(key)
+            elif _is_stale_tmp(item):
+                logger.info("%s: removing stale temp file %s", store, item.path)
+                _unlink_quiet(Path(item.path))
+    return found
 
 
 def _entry_from_json(key: str, item: object) -> _Entry | None:

@@ -22,9 +22,9 @@ import torch
 
 from vlmcache.store.base import EvictionListener, StoreStats, Tensors, tensors_nbytes
 from vlmcache.store.chunkfile import (
-    FORMAT_VERSION, SUFFIX, _KEY_RE, _ChunkFault, _Entry, _fsync_dir, _is_stale_tmp,
-    _read_chunk, _scandir, _tmp_path, _unlink_quiet, _write_file, check_key, chunk_checksum,
-    file_entry, make_private_dir,
+    FORMAT_VERSION, SUFFIX, _ChunkFault, _Entry, _fsync_dir, _read_chunk, _tmp_path,
+    _unlink_quiet, _write_file, check_key, chunk_checksum, file_entry, make_private_dir,
+    scan_keys,
 )
 from vlmcache.store.ledger import LedgerView, OccupancyLedger
 from vlmcache.store.manifest import load_last_used, write_manifest
@@ -34,12 +34,14 @@ from vlmcache.store.ratelog import RateLimitedWarning
 logger = logging.getLogger(__name__)
 
 __all__ = ["DiskStore", "check_key", "chunk_checksum"]
+_REUSE_WINDOW = 256
 
 
 class DiskStore:
     """Thread- and process-safe, crash-safe LRU store of checksummed safetensors chunk files.
 
-    The byte budget counts tensor payload bytes (:func:`tensors_nbytes`) of every chunk under
+    ``protect_reused=True`` makes eviction favour chunks with reuse history (see
+    :meth:`_evict_locked`). The byte budget counts tensor payload bytes (:func:`tensors_nbytes`) of every chunk under
     ``root``, whichever process wrote it. Faulty files found by ``get`` (truncated, corrupt,
     foreign, symlinks) are logged, deleted and reported as misses; I/O faults never raise.
     ``on_evict(key)`` is called, outside the lock, for keys this store evicted to make room.
@@ -52,6 +54,7 @@ class DiskStore:
         name: str = "disk",
         on_evict: EvictionListener | None = None,
         manifest_every: int = 64,
+        protect_reused: bool = False,
     ) -> None:
         if capacity_bytes < 0:
             raise ValueError(f"capacity_bytes must be >= 0, got {capacity_bytes}")
@@ -61,6 +64,7 @@ class DiskStore:
         self.root = Path(root)
         self.capacity_bytes = capacity_bytes
         self.manifest_every = manifest_every
+        self.protect_reused = protect_reused
         self._chunks = self.root / "chunks"
         self._manifest_path = self.root / "manifest.json"
         self._lock = threading.Lock()
@@ -103,6 +107,7 @@ class DiskStore:
             if entry is None:
                 return False
             entry.last_used = self._stamp_locked()
+            entry.reused = True
             self._index.move_to_end(key)
             return True
 
@@ -218,6 +223,7 @@ class DiskStore:
                 return
             if current is not None and current.sha256 == sha:
                 current.last_used = self._stamp_locked()
+                current.reused = True
                 self._index.move_to_end(key)
                 return
             old = self._index.pop(key, None)
@@ -283,6 +289,10 @@ class DiskStore:
     def _evict_locked(self, led: LedgerView, incoming: int) -> list[str]:
         """Evict LRU chunks until the root's total and this index (+ ``incoming``) fit.
 
+        With ``protect_reused``, the least recently used chunk never hit is evicted first
+        (searched among the ``_REUSE_WINDOW`` oldest, so at most that many stale reused
+        chunks can outlive one-off ones).
+
         When this store's index runs out while the root is still over budget (the rest was
         written by other processes), the directory is recounted and indexed once.
         """
@@ -295,13 +305,23 @@ class DiskStore:
                 self._recount_locked(led, {})
                 recounted = True
                 continue
-            key, entry = self._index.popitem(last=False)
+            key = self._victim_locked()
+            entry = self._index.pop(key)
             self._occupancy -= entry.nbytes
             self._evictions += 1
             removed = _unlink_quiet(self._chunks / key[:2] / f"{key}{SUFFIX}")
             self._uncount_locked(led, entry.nbytes if removed else 0, False)
             evicted.append(key)
         return evicted
+
+    def _victim_locked(self) -> str:
+        if self.protect_reused:
+            for i, (key, entry) in enumerate(self._index.items()):
+                if not entry.reused:
+                    return key
+                if i >= _REUSE_WINDOW:
+                    break
+        return next(iter(self._index))
 
     def _over_locked(self, led: LedgerView, incoming: int) -> bool:
         return ((led.total or 0) > self.capacity_bytes
@@ -335,24 +355,6 @@ class DiskStore:
         _fsync_dir(self.root)
         return True
 
-    def _scan(self) -> set[str]:
-        """Keys of the chunk files on disk; stale temp files are removed on the way."""
-        found: set[str] = set()
-        for item in _scandir(self.root):
-            if item.is_file(follow_symlinks=False) and _is_stale_tmp(item):
-                _unlink_quiet(Path(item.path))
-        for shard in _scandir(self._chunks):
-            if not shard.is_dir(follow_symlinks=False):
-                continue
-            for item in _scandir(Path(shard.path)):
-                key = item.name[: -len(SUFFIX)] if item.name.endswith(SUFFIX) else ""
-                if key and _KEY_RE.fullmatch(key) and key[:2] == shard.name:
-                    found.add(key)
-                elif _is_stale_tmp(item):
-                    logger.info("%s: removing stale temp file %s", self.name, item.path)
-                    _unlink_quiet(Path(item.path))
-        return found
-
     def _entry_from_file(self, key: str, last_used: float | None) -> _Entry | None:
         """Index entry of a chunk file: bytes and sha256 from the file, never from a manifest."""
         path = self.path_for(key)
@@ -373,7 +375,7 @@ class DiskStore:
         """Rebuild the index and the root's counter from a scan of the chunk files."""
         known = dict(self._index)
         entries: list[tuple[str, _Entry]] = []
-        for key in self._scan():
+        for key in scan_keys(self.root, self._chunks, self.name):
             stamp = last_used.get(key, known[key].last_used if key in known else None)
             entry = self._entry_from_file(key, stamp)
             if entry is not None:

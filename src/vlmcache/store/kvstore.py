@@ -39,7 +39,8 @@ def open_kv_store(config: VlmCacheConfig) -> TieredStore:
                          policy=memory_policy(config, config.memory_budget))
     if config.disk_budget == 0:
         return TieredStore(memory, None, name="kv")
-    disk = DiskStore(kv_store_dir(config), config.disk_budget, name="disk")
+    disk = DiskStore(kv_store_dir(config), config.disk_budget, name="disk",
+                     protect_reused=config.eviction == "reuse")
     behind = (min(config.memory_budget, config.disk_write_queue)
               if config.disk_write == "async" else 0)
     return TieredStore(memory, disk, name="kv", write_behind_bytes=behind,
@@ -59,7 +60,7 @@ def open_encoder_store(config: VlmCacheConfig) -> TieredStore | RedisBackedStore
     memory = MemoryStore(config.encoder_memory_budget, name="encoder-memory",
                          policy=memory_policy(config, config.encoder_memory_budget))
     disk = DiskStore(config.store_dir / "encoder", config.encoder_disk_budget,
-                     name="encoder-disk")
+                     name="encoder-disk", protect_reused=config.eviction == "reuse")
     behind = (min(ENCODER_WRITE_BEHIND_BYTES, config.disk_write_queue)
               if config.disk_write == "async" else 0)
     store = TieredStore(memory, disk, name="encoder", write_behind_bytes=behind,

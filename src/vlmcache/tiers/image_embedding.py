@@ -156,7 +156,7 @@ class ImageEmbeddingTier:
                 continue
             query = query or prepare(image, (1.0,))
             verdict = verify(query, self._prepared_view(hit.entry.key, tensors),
-                             good_enough=self.verify_threshold)
+                             good_enough=self.verify_threshold if thresholded else 0.0)
             yield hit, tensors, verdict.distance
 
     def _prepared_view(self, key: str, tensors: dict[str, torch.Tensor]) -> Prepared:

@@ -125,8 +125,7 @@ def canonical_request(endpoint: str, body: Mapping[str, object]) -> str:
     The caller has already replaced every image by its content identity.
     """
     kept = {k: v for k, v in body.items() if k not in TRANSPORT_FIELDS}
-    return json.dumps([endpoint, kept], sort_keys=True, separators=(",", ":"),
-                      ensure_ascii=False)
+    return json.dumps([endpoint, kept], sort_keys=True, separators=(",", ":"))
 
 
 class ResponseTier:
@@ -150,7 +149,8 @@ class ResponseTier:
         """Record key of a canonical request for ``tenant`` (``None``: no tenant)."""
         scope = "" if tenant is None else "t:" + tenant
         payload = f"response\0{RECORD_VERSION}\0{self.namespace_digest}\0{scope}\0{canonical}"
-        return hashlib.sha256(payload.encode()).hexdigest()
+        # tenants and texts come from clients: a lone surrogate must not raise
+        return hashlib.sha256(payload.encode("utf-8", "surrogatepass")).hexdigest()
 
     def lookup(self, key: str) -> dict[str, object] | None:
         """The stored response body, or ``None``; a record that fails its check is dropped."""
@@ -186,10 +186,10 @@ class ResponseTier:
 
 
 def _encode(response: Mapping[str, object]) -> bytes:
-    body = json.dumps(response, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    body = json.dumps(response, sort_keys=True, separators=(",", ":"))
     digest = hashlib.sha256(body.encode()).hexdigest()
     return json.dumps({"v": RECORD_VERSION, "sha256": digest, "body": body},
-                      separators=(",", ":"), ensure_ascii=False).encode()
+                      separators=(",", ":")).encode()
 
 
 def _decode(raw: bytes) -> dict[str, object] | None:

@@ -7,11 +7,14 @@ small aligned RGB thumbnails:
 1. both images -> 64x64 RGB thumbnails (area resampling, a 3x3 blur);
 2. register the candidate onto the query: zoom (crops, rescales) and translation
    (shifts up to ``MAX_SHIFT`` px of 64), coarse to fine on grey images (16 px, 32, 64);
-3. fit one brightness gain and offset shared by all channels (re-exposure; it cannot turn
-   red into blue: that needs a per-channel change);
+3. fit one brightness gain and offset shared by all channels, on unsaturated values,
+   applied with clipping (re-exposure; it cannot turn red into blue: that needs a
+   per-channel change);
 4. the distance is the largest local colour difference: per pixel the largest channel
-   difference, averaged over 5x5 windows (a thin misaligned edge averages away, an added,
-   removed or recoloured object of more than ~3 px does not), in units of 255.
+   difference to the best of the other image's 3x3 neighbours (both ways), averaged over
+   5x5 windows (a misaligned edge averages away, an added, removed or recoloured object
+   of more than a few px does not), or ``CAST_WEIGHT`` times the median pixel's
+   difference (a colour cast over the whole image), in units of 255.
 
 A candidate passes when that distance is at most the tier's verify threshold (calibrated
 on the fidelity benchmark). Numpy only.
@@ -26,10 +29,10 @@ import numpy as np
 
 SIZE = 64
 MAX_SHIFT = 8
-#: Candidate zooms (the candidate's central 1/z, resized back): crops of 90-100% of a side
+#: Candidate zooms (the candidate's central 1/z, resized back): crops of 95-100% of a side
 #: and their inverses (the query is the wider view).
-ZOOMS = (1.0, 1 / 0.975, 1 / 0.95, 1 / 0.925, 1 / 0.9, 0.95, 0.9)
-_BOX = 3
+ZOOMS = (1.0, 1 / 0.975, 1 / 0.95, 0.95)
+_BOX = 5
 #: A colour cast over the whole image (the median pixel's difference) counts this much.
 CAST_WEIGHT = 3.0
 
@@ -78,31 +81,39 @@ def prepare(image: Any, zooms: Sequence[float] = ZOOMS) -> Prepared:
 def verify(query: Prepared, candidate: Prepared, good_enough: float = 0.0) -> Verdict:
     """Register the candidate onto the query (zoom, then translation) and measure.
 
-    Every zoom is registered at 16 and 32 px; zoom 1 and the best other zoom (by the
-    32 px error) are refined at 64 px and measured (the second is skipped when zoom 1's
-    distance is already at most ``good_enough``).
+    Zoom 1 is registered (16, 32, then 64 px) and measured first; unless its distance is
+    already at most ``good_enough``, every other zoom is registered at 16 and 32 px and
+    the best of them (by the 32 px error) is refined and measured too.
     """
     q16 = query.grey16[0][_PAD16:-_PAD16, _PAD16:-_PAD16]
     q32 = query.grey32[0][_PAD32:-_PAD32, _PAD32:-_PAD32]
+    grey_q = _grey(query.thumb)
     trials = []
+    # ZOOMS[0] is 1: a candidate's views are in ZOOMS order, zoom 1 first
     for zoom, c16, c32 in zip(ZOOMS, candidate.grey16, candidate.grey32):
         _, dx, dy = _search(q16, c16, _PAD16, (0, 0), MAX_SHIFT // 4)
         err, dx, dy = _search(q32, c32, _PAD32, (2 * dx, 2 * dy), 1)
         trials.append((err, zoom, dx, dy))
-    order = [trials[0]] + sorted(trials[1:])[:1]
-    grey_q = _grey(query.thumb)
-    best = Verdict(float("inf"), 0, 0, 1.0)
-    for _, zoom, dx, dy in order:
-        rgb = _zoomed(candidate.thumb, zoom)
-        grey = np.pad(_grey(rgb), _PAD64, mode="edge")
-        _, dx, dy = _search(grey_q, grey, _PAD64, (2 * dx, 2 * dy), 2)
-        dx, dy = (int(np.clip(d, -MAX_SHIFT, MAX_SHIFT)) for d in (dx, dy))
-        d = _distance(query.thumb, rgb, dx, dy)
-        if d < best.distance:
-            best = Verdict(d, dx, dy, zoom)
-        if best.distance <= good_enough:
-            break
-    return best
+        if zoom == 1.0:
+            best = _refined(query.thumb, grey_q, candidate.thumb, zoom, dx, dy)
+            if best.distance <= good_enough:
+                return best
+    others = [t for t in trials if t[1] != 1.0]
+    if not others:  # a candidate prepared at zoom 1 only
+        return best
+    _, zoom, dx, dy = min(others)
+    other = _refined(query.thumb, grey_q, candidate.thumb, zoom, dx, dy)
+    return other if other.distance < best.distance else best
+
+
+def _refined(query: np.ndarray, grey_q: np.ndarray, cand: np.ndarray, zoom: float,
+             dx: int, dy: int) -> Verdict:
+    """Translation refined at 64 px around the 32 px estimate, then the distance."""
+    rgb = _zoomed(cand, zoom)
+    grey = np.pad(_grey(rgb), _PAD64, mode="edge")
+    _, dx, dy = _search(grey_q, grey, _PAD64, (2 * dx, 2 * dy), 2)
+    dx, dy = (int(np.clip(d, -MAX_SHIFT, MAX_SHIFT)) for d in (dx, dy))
+    return Verdict(_distance(query, rgb, dx, dy), dx, dy, zoom)
 
 
 def _grey(rgb: np.ndarray) -> np.ndarray:
@@ -166,11 +177,13 @@ def _distance(query: np.ndarray, cand: np.ndarray, dx: int, dy: int) -> float:
     padded = np.pad(cand, ((0, 0), (pad, pad), (pad, pad)), mode="edge")
     moved = padded[:, pad - dy - 1:pad - dy + SIZE + 1, pad - dx - 1:pad - dx + SIZE + 1]
     q, c = query.reshape(-1), moved[:, 1:-1, 1:-1].reshape(-1)
+    keep = (q < 250) & (q > 5)  # fit on unsaturated values: brightening clips at 255
+    q, c = (q[keep], c[keep]) if keep.sum() > 64 else (q, c)
     var = float(c.var())
     gain = float(np.clip(((q - q.mean()) * (c - c.mean())).mean() / var, 0.7, 1.45)) \
         if var > 1e-6 else 1.0
     offset = float(np.clip(q.mean() - gain * c.mean(), -40.0, 40.0))
-    fitted = gain * moved + offset
+    fitted = np.clip(gain * moved + offset, 0.0, 255.0)
     there = np.pad(query, ((0, 0), (1, 1), (1, 1)), mode="edge")
     diff = np.maximum(_nearest(query, fitted), _nearest(fitted[:, 1:-1, 1:-1], there))
     local = float(_box(diff, _BOX).max())

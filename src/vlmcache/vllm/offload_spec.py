@@ -10,6 +10,7 @@ factory (vLLM 0.26 resolves tiers only by registered name).
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from dataclasses import dataclass, field
 from typing import Any
@@ -92,6 +93,26 @@ class VlmCacheOffloadingSpec(TieringOffloadingSpec):
         self.runtime.hashes_per_chunk = max(1, self.tokens_per_chunk // int(self.tokens_per_hash))
         self.cost_model = self.runtime.cost
         self._cpu_worker: OffloadingWorker | None = None
+
+    def get_manager(self) -> Any:
+        manager = super().get_manager()
+        self._unlink_region_file()
+        return manager
+
+    def _unlink_region_file(self) -> None:
+        """Drop the shared region's /dev/shm name once the scheduler has mapped it (the
+        workers mapped it before the scheduler starts): the memory then goes back to the
+        system when the last process exits, however it exits. vLLM's tiering worker passes
+        no barrier that would do this, so a killed engine leaked ``memory_budget`` of shm."""
+        region = getattr(self, "_scheduler_mmap", None)
+        path = getattr(region, "mmap_path", None)
+        if path:
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass
+            except OSError as exc:
+                logger.warning("vlmcache: could not unlink %s: %s", path, exc)
 
     def attach_ledger(self, ledger: Any) -> None:
         """Called by the persistent tier so the connector can read its per-request reports."""
