@@ -3,7 +3,10 @@
     python benchmarks/targets.py        # prints the table and writes benchmarks/results/targets.md
 
 Two configurations of vlmcache are judged on the GPU: the default (memory + disk tiers,
-disk writes behind) and memory-only (``disk_budget=0``), both from the same run.
+disk writes behind) and memory-only (``disk_budget=0``), both from the same run. The GPU
+runs are history: they measured the retired hand-written KV path (``gpu-history/``, made by
+``benchmarks/gpu_latency.py`` as of commit d483cf3). The current KV path's targets are in
+``gpu-native-path.json`` (``shapes``), written by ``benchmarks/gpu_native_path.py``.
 """
 
 import json
@@ -14,7 +17,8 @@ from vlmcache.bench.harness import read_results
 from vlmcache.bench.summary import summarize_run, targets_table
 
 RESULTS = Path("benchmarks/results")
-SHAPES = {"gpu-llava7b.json": "llava-1.5-7b", "gpu-qwen2vl7b.json": "qwen2-vl-7b"}
+SHAPES = {"gpu-history/gpu-llava7b.json": "llava-1.5-7b",
+          "gpu-history/gpu-qwen2vl7b.json": "qwen2-vl-7b"}  # the retired path's runs
 KEYS = ("recompute_ms", "gpu_hit_ms", "native_offload_hit_ms", "vlmcache_cpu_hit_ms",
         "vlmcache_disk_hit_ms", "capture_miss_ms", "nocache_batch_tok_s", "capture_batch_tok_s")
 MEMORY_ONLY = {"vlmcache_cpu_hit_ms": "memory_only_cpu_hit_ms",
@@ -51,6 +55,9 @@ def cpu_summary(folder: Path):
 def main() -> None:
     cpu = cpu_summary(RESULTS / (sys.argv[1] if len(sys.argv) > 1 else "bench-cpu-easyvqa"))
     parts = ["# Targets (issue 6), judged on the committed results", "",
+             "GPU rows: the retired hand-written KV path (`gpu-history/`, "
+             "`benchmarks/gpu_latency.py` as of commit d483cf3); the current path's "
+             "targets are in `gpu-native-path.json` (`shapes`).", "",
              "## vlmcache default (memory + disk tiers, disk writes behind)", "",
              targets_table(gpu_mapping(False), cpu), "",
              "## vlmcache memory-only (`disk_budget=0`), same GPU runs", "",

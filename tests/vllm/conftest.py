@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from vlmcache.testing.engine_job import BLOCK_SIZE, engine_args
+from vlmcache.testing.engine_job import BLOCK_SIZE, TEST_MEMORY_BUDGET, engine_args
 from vlmcache.testing.tiny_llava import build_tiny_llava
 
 #: Seeds the first process answers (and stores); the baseline also answers the unseen ones.
@@ -72,7 +72,8 @@ def cached_llm(tiny_model, store_dir, first_process, baseline):
     from vlmcache.api import CachedLLM
     from vlmcache.config import VlmCacheConfig
 
-    config = VlmCacheConfig(store_path=str(store_dir), block_size=BLOCK_SIZE, disk_write="sync")
+    config = VlmCacheConfig(store_path=str(store_dir), block_size=BLOCK_SIZE, disk_write="sync",
+                            memory_budget=TEST_MEMORY_BUDGET)
     llm = CachedLLM(str(tiny_model), config, engine_args=engine_args())
     yield llm
     llm.close()

@@ -11,7 +11,7 @@ import pytest
 from PIL import ImageChops
 
 from vlmcache.keys import image_content_hash
-from vlmcache.testing.engine_job import BLOCK_SIZE, QUESTION, greedy
+from vlmcache.testing.engine_job import BLOCK_SIZE, QUESTION, TEST_MEMORY_BUDGET, greedy
 from vlmcache.testing.tiny_llava import TINY_LLAVA_PROMPT, make_test_image
 
 pytestmark = pytest.mark.vllm
@@ -38,6 +38,7 @@ def _frontend(cached_llm, tiny_model, store, **overrides):
     # easy-vqa, where nothing wraps
     overrides.setdefault("image_verify_threshold", 0.3)
     config = VlmCacheConfig(store_path=str(store), block_size=BLOCK_SIZE, disk_write="sync",
+                            memory_budget=TEST_MEMORY_BUDGET,
                             enable_image_embedding=True, enable_semantic_text=True, **overrides)
     return CachedLLM(str(tiny_model), config, engine=cached_llm.llm)
 

@@ -36,7 +36,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from vlmcache.bench.fidelity_data import Probe, ShapeAttrs, answer, image_attrs, video
+from vlmcache.bench.fidelity_data import Probe, ShapeAttrs, answer, easy_vqa_split, video
 from vlmcache.bench.fidelity_text import COUNT_PAIR, SIDE_PAIR, facet_changes, wide_paraphrase
 from vlmcache.bench.fidelity_variants import BENIGN, HARD, shape_mask
 
@@ -98,16 +98,10 @@ def _text_probes(i: int, image: Any, a: ShapeAttrs, q: str, k: int) -> list[Prob
 
 def build_probes(n_images: int, seed: int) -> tuple[list[Probe], list[Probe]]:
     """(seed requests, probes) on the first ``n_images`` usable easy-vqa test images."""
-    import easy_vqa
     from PIL import Image
 
     rng = np.random.default_rng(seed)
-    qs, ans, ids = easy_vqa.get_test_questions()
-    attrs = image_attrs(qs, ans, ids)
-    paths = easy_vqa.get_test_image_paths()
-    by_image: dict[int, list[str]] = defaultdict(list)
-    for q, i in zip(qs, ids):
-        by_image[i].append(q)
+    attrs, paths, by_image = easy_vqa_split("test")
     usable = sorted(attrs)
     chosen, spare = usable[:n_images], usable[n_images:]
     seeds, probes = [], []

@@ -17,12 +17,11 @@ images (the fidelity evaluation uses the test images), without a VLM: only the t
 
 from __future__ import annotations
 
-from collections import defaultdict
 from typing import Any, Sequence
 
 import numpy as np
 
-from vlmcache.bench.fidelity_data import ShapeAttrs, answer, image_attrs
+from vlmcache.bench.fidelity_data import ShapeAttrs, answer, easy_vqa_split
 from vlmcache.bench.fidelity_variants import BENIGN, HARD
 from vlmcache.tiers.calibration import CurvePoint
 
@@ -76,15 +75,9 @@ COSINE_GRID = tuple(round(t, 3) for t in np.arange(0.65, 0.951, 0.01))  # floor:
 
 def train_images(n: int) -> tuple[list[Any], list[ShapeAttrs], dict[int, list[str]]]:
     """The first ``n`` usable easy-vqa train images, their attributes and questions."""
-    import easy_vqa
     from PIL import Image
 
-    qs, ans, ids = easy_vqa.get_train_questions()
-    attrs = image_attrs(qs, ans, ids)
-    paths = easy_vqa.get_train_image_paths()
-    by_image: dict[int, list[str]] = defaultdict(list)
-    for q, i in zip(qs, ids):
-        by_image[i].append(q)
+    attrs, paths, by_image = easy_vqa_split("train")
     chosen = sorted(attrs)[:n]
     return ([Image.open(paths[i]).convert("RGB") for i in chosen], [attrs[i] for i in chosen],
             {k: by_image[i] for k, i in enumerate(chosen)})
@@ -201,14 +194,11 @@ def candidate_recall(names: Sequence[str], n_images: int, per_kind: int = 100,
     embedding time per image."""
     import time
 
-    import easy_vqa
     from PIL import Image
 
     from vlmcache.embedders import make_image_embedder
 
-    qs, ans, ids = easy_vqa.get_test_questions()
-    attrs = image_attrs(qs, ans, ids)
-    paths = easy_vqa.get_test_image_paths()
+    attrs, paths, _ = easy_vqa_split("test")
     chosen = sorted(attrs)[:n_images]
     images = [Image.open(paths[i]).convert("RGB") for i in chosen]
     out: dict[str, Any] = {}

