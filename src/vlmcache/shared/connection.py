@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Callable, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
+from vlmcache.config import VlmCacheConfig
 from vlmcache.errors import require
 
 logger = logging.getLogger(__name__)
@@ -47,25 +48,25 @@ class RedisSettings:
     """How to reach Redis. ``password`` is read from the environment and never shown."""
 
     url: str
-    password_env: str = "VLMCACHE_REDIS_PASSWORD"
-    tls_ca_file: str | None = None
-    prefix: str = "vlmcache"
-    timeout_s: float = 0.005
-    connect_timeout_s: float = 0.02
-    backoff_max_s: float = 5.0
+    # defaults come from the one config (a RedisSettings built by hand, e.g. in tests,
+    # behaves like a deployment that left these keys unset)
+    password_env: str = VlmCacheConfig.redis_password_env
+    tls_ca_file: str | None = VlmCacheConfig.redis_tls_ca_file
+    prefix: str = VlmCacheConfig.redis_prefix
+    timeout_s: float = VlmCacheConfig.redis_timeout_ms / 1000.0
+    connect_timeout_s: float = VlmCacheConfig.redis_connect_timeout_ms / 1000.0
+    backoff_max_s: float = VlmCacheConfig.redis_backoff_max_s
 
     @classmethod
-    def from_config(cls, config: object) -> "RedisSettings":
+    def from_config(cls, config: VlmCacheConfig) -> "RedisSettings":
         """From a :class:`~vlmcache.config.VlmCacheConfig` whose ``redis_url`` is set."""
-        url = getattr(config, "redis_url")
-        if not url:
+        if not config.redis_url:
             raise ValueError("redis_url is not set")
-        return cls(url=url, password_env=getattr(config, "redis_password_env"),
-                   tls_ca_file=getattr(config, "redis_tls_ca_file"),
-                   prefix=getattr(config, "redis_prefix"),
-                   timeout_s=getattr(config, "redis_timeout_ms") / 1000.0,
-                   connect_timeout_s=getattr(config, "redis_connect_timeout_ms") / 1000.0,
-                   backoff_max_s=getattr(config, "redis_backoff_max_s"))
+        return cls(url=config.redis_url, password_env=config.redis_password_env,
+                   tls_ca_file=config.redis_tls_ca_file, prefix=config.redis_prefix,
+                   timeout_s=config.redis_timeout_ms / 1000.0,
+                   connect_timeout_s=config.redis_connect_timeout_ms / 1000.0,
+                   backoff_max_s=config.redis_backoff_max_s)
 
     @property
     def safe_url(self) -> str:

@@ -21,7 +21,6 @@ from vlmcache.store.redis_tiered import RedisBackedStore, with_redis  # issue 14
 
 logger = logging.getLogger(__name__)
 
-WRITE_BEHIND_MAX_BYTES = 1024**3
 ENCODER_WRITE_BEHIND_BYTES = 256 * 1024**2
 
 _registry: dict[Path, TieredStore] = {}
