@@ -94,6 +94,7 @@ class VlmCacheOffloadingConnector(OffloadingConnector):
             track = self._tracks[request.request_id] = _RequestTrack(
                 len(request.prompt_token_ids or []), num_computed_tokens,
                 bypass=_wants_bypass(request))
+            self._plan(request, track, num_computed_tokens)
         matched, is_async = super().get_num_new_matched_tokens(request, num_computed_tokens)
         if matched and (track.bypass or not self._load_enabled):
             return 0, False
@@ -141,24 +142,45 @@ class VlmCacheOffloadingConnector(OffloadingConnector):
         if running & prev_running and now - start < MAX_STEP_GAP_S:
             self._runtime.cost.observe_prefill(tokens, now - start)
 
-    def _chunk_keys(self, request: Any, prompt_tokens: int) -> list[str]:
-        """Store keys of the request's full prompt chunks (what the persistent tier holds
-        or will hold for it): vLLM's offload key of chunk ``i`` is its last block hash."""
+    def _offload_keys(self, request: Any, prompt_tokens: int) -> list[bytes]:
+        """vLLM's offload keys of the request's full prompt chunks: chunk ``i``'s key is its
+        last block hash (as vLLM's offloading scheduler computes them)."""
         rt = self._runtime
-        if rt is None or not rt.tokens_per_chunk or not rt.namespace_digest:
+        if rt is None or not rt.tokens_per_chunk or not rt.hashes_per_chunk:
             return []
         from vllm.v1.kv_offload.base import make_offload_key
 
         hashes = list(getattr(request, "block_hashes", None) or [])
         n_chunks = prompt_tokens // rt.tokens_per_chunk
         picked = hashes[rt.hashes_per_chunk - 1::rt.hashes_per_chunk][:n_chunks]
-        return [store_key(rt.namespace_digest, bytes(make_offload_key(h, 0))) for h in picked]
+        return [bytes(make_offload_key(h, 0)) for h in picked]
+
+    def _chunk_keys(self, request: Any, prompt_tokens: int) -> list[str]:
+        """Store keys of the request's full prompt chunks (what the persistent tier holds
+        or will hold for it)."""
+        rt = self._runtime
+        if rt is None or not rt.namespace_digest:
+            return []
+        return [store_key(rt.namespace_digest, k)
+                for k in self._offload_keys(request, prompt_tokens)]
+
+    def _plan(self, request: Any, track: _RequestTrack, num_computed_tokens: int) -> None:
+        """Let each persistent tier decide load-or-skip once for the request's stored prefix
+        beyond what vLLM's GPU cache holds (a per-prefix cost, not a per-chunk one)."""
+        rt = self._runtime
+        if rt is None or not rt.tiers or track.bypass or not self._load_enabled:
+            return
+        first = num_computed_tokens // max(1, rt.tokens_per_chunk)
+        keys = self._offload_keys(request, track.prompt_tokens)[first:]
+        if keys:
+            for tier in rt.tiers:
+                tier.plan(request.request_id, keys)
 
     def _tier_report(self, req_id: str) -> TierRequestReport | None:
         if self._runtime is None:
             return None
-        for ledger in self._runtime.ledgers:
-            report = ledger.pop(req_id)
+        for tier in self._runtime.tiers:
+            report = tier.ledger.pop(req_id)
             if report is not None:
                 return report
         return None

@@ -45,10 +45,10 @@ except ValueError:  # already registered (module re-imported)
 class SchedulerRuntime:
     """What the connector and the persistent tier of one engine share in the scheduler
     process: the cost model (the connector feeds it prefill timings, the tier read timings)
-    and the tier's per-request reports."""
+    and the persistent tiers (their per-request plans and reports)."""
 
     cost: CostModel
-    ledgers: list[Any] = field(default_factory=list)
+    tiers: list[Any] = field(default_factory=list)
     namespace_digest: str = ""
     #: offload chunk geometry (set by the spec): a chunk's key is the request's block hash
     #: number ``(i + 1) * hashes_per_chunk - 1``
@@ -114,9 +114,10 @@ class VlmCacheOffloadingSpec(TieringOffloadingSpec):
             except OSError as exc:
                 logger.warning("vlmcache: could not unlink %s: %s", path, exc)
 
-    def attach_ledger(self, ledger: Any) -> None:
-        """Called by the persistent tier so the connector can read its per-request reports."""
-        self.runtime.ledgers.append(ledger)
+    def attach_tier(self, tier: Any) -> None:
+        """Called by the persistent tier (a ``PersistentKV``) so the connector can plan its
+        loads per request and read its per-request reports."""
+        self.runtime.tiers.append(tier)
 
     def get_worker(self, kv_caches: CanonicalKVCaches) -> OffloadingWorker:
         if current_platform.is_cuda_alike() or current_platform.is_xpu():

@@ -26,7 +26,8 @@ from vlmcache.store.kvstore import open_persistent_kv_store
 from vlmcache.store.redis_tiered import RedisBackedStore, recompute_gate  # issue 14B
 from vlmcache.vllm import compat
 from vlmcache.vllm.cost import CostModel, CostPriors
-from vlmcache.vllm.persist import PersistentKV
+from vlmcache.vllm.io_worker import make_executor
+from vlmcache.vllm.persist import PersistentKV, TierGeometry
 
 try:  # 0.32 labels hits by medium; 0.26 has no Medium
     from vllm.v1.kv_offload.base import Medium
@@ -64,6 +65,20 @@ def _shorten_gil_switch_interval() -> None:
         sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
 
 
+def _region_fd(spec: Any) -> int | None:
+    """The descriptor of vLLM's CPU region in this process (the I/O process maps it)."""
+    fd = getattr(getattr(spec, "_scheduler_mmap", None), "fd", None)
+    return fd if isinstance(fd, int) else None
+
+
+def _tenant(req_context: Any) -> str | None:
+    """The tenant the serving front put in the request's ``kv_transfer_params``."""
+    params = getattr(req_context, "kv_transfer_params", None) or {}
+    ours = params.get("vlmcache") if isinstance(params, dict) else None
+    tenant = ours.get("tenant") if isinstance(ours, dict) else None
+    return tenant if isinstance(tenant, str) else None
+
+
 def cost_model_for(config: VlmCacheConfig) -> CostModel:
     """The cost model ``config`` asks for, starting from its priors."""
     priors = CostPriors(read_bytes_per_s=config.kv_read_bytes_per_s_prior,
@@ -93,20 +108,21 @@ class VlmCacheTier(SecondaryTierManager):
         rows = rows.reshape(rows.shape[0], -1)
         self.cost: CostModel = getattr(offloading_spec, "cost_model", None) or \
             cost_model_for(config)
-        store = open_persistent_kv_store(config)
+        store = open_persistent_kv_store(config)  # the scheduler's index (contains only)
         if isinstance(store, RedisBackedStore):  # issue 14B: Redis only when it beats recompute
             store.read_gate = recompute_gate(lambda: self.cost.prefill_tokens_per_s,
                                              tokens_per_chunk, config.kv_read_bytes_per_s_prior)
-        self.persist = PersistentKV(store, rows, namespace,
-                                    tokens_per_chunk, self.cost,
-                                    io_threads=config.kv_io_threads,
-                                    sync=config.disk_write == "sync",
-                                    save=config.enable_kv_save)
+        geometry = TierGeometry(namespace, tokens_per_chunk, int(rows.shape[1]))
+        self.persist = PersistentKV(
+            store, geometry, self.cost,
+            lambda done: make_executor(config, store, rows, _region_fd(offloading_spec), done,
+                                       self.cost.observe_read),
+            save=config.enable_kv_save)
         if _on_gpu():
             _shorten_gil_switch_interval()
-        attach = getattr(offloading_spec, "attach_ledger", None)
+        attach = getattr(offloading_spec, "attach_tier", None)
         if callable(attach):
-            attach(self.persist.ledger)
+            attach(self.persist)
         logger.info("vlmcache KV tier: %d rows of %d bytes, %d tokens per row, store %s",
                     rows.shape[0], rows.shape[1], tokens_per_chunk, config.store_dir)
 
@@ -115,9 +131,9 @@ class VlmCacheTier(SecondaryTierManager):
         return LookupResult.HIT if hit else LookupResult.MISS
 
     def submit_store(self, job_metadata: Any) -> None:
+        ctx = job_metadata.req_context
         self.persist.submit_store(job_metadata.job_id, [bytes(k) for k in job_metadata.keys],
-                                  compat.job_rows(job_metadata),
-                                  job_metadata.req_context.req_id)
+                                  compat.job_rows(job_metadata), ctx.req_id, _tenant(ctx))
 
     def submit_load(self, job_metadata: Any) -> None:
         self.persist.submit_load(job_metadata.job_id, [bytes(k) for k in job_metadata.keys],
@@ -125,7 +141,7 @@ class VlmCacheTier(SecondaryTierManager):
 
     def get_finished_jobs(self) -> Iterable[JobResult]:
         return [compat.job_result(JobResult, o.job_id, o.success, o.nbytes, o.seconds,
-                                  list(o.loaded_keys) if o.loaded_keys else None)
+                                  list(o.loaded_keys) if o.loaded_keys is not None else None)
                 for o in self.persist.finished()]
 
     def has_pending_work(self) -> bool:

@@ -2,15 +2,19 @@
 
 vLLM's tiering offloader keeps a CPU *primary* tier: a shared memory region of fixed-size
 rows, one row per offloaded chunk (the KV of ``tokens_per_chunk`` tokens from every worker,
-in rank order, so a row is the whole block of every TP rank). :class:`PersistentKV` copies
-rows to and from a :class:`~vlmcache.store.base.ChunkStore` on its own I/O threads; the
-vLLM-facing :mod:`vlmcache.vllm.offload_tier` only translates vLLM's calls into these.
+in rank order, so a row is the whole block of every TP rank). :class:`PersistentKV` decides
+what to promise and what to write; a :class:`~vlmcache.vllm.io_worker.RowExecutor` moves
+the bytes (in the tier's I/O process by default). The vLLM-facing
+:mod:`vlmcache.vllm.offload_tier` only translates vLLM's calls into these.
 
 Keys: vLLM's offload key (its block hash, which folds the request's ``cache_salt`` and
 image identifiers into a chain rooted in ``PYTHONHASHSEED``) is hashed together with the
 vlmcache namespace digest (model, weights, processor, KV layout incl. TP size, salt), so a
 chunk is only ever reloaded by an engine of the identical configuration and tenant.
-Every read is checksummed by the store; a fault is a failed job, which vLLM treats as a miss.
+
+Cost: the load-or-recompute choice is made once per request, for its whole stored prefix
+(:meth:`PersistentKV.plan`, called by the connector, which knows the request's chunk keys):
+one fixed cost and all the prefix's bytes against recomputing all its tokens.
 """
 
 from __future__ import annotations
@@ -20,44 +24,33 @@ import logging
 import threading
 import time
 from collections import OrderedDict
-from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
-from typing import Protocol, Sequence
+from typing import Callable, Protocol, Sequence
 
-import numpy as np
-import torch
-
-from vlmcache.store.base import Tensors
 from vlmcache.vllm.cost import CostDecision, CostModel
+from vlmcache.vllm.io_worker import RowExecutor
+from vlmcache.vllm.row_io import JobOutcome, RowJob
 
 logger = logging.getLogger(__name__)
 
-TENSOR_NAME = "kv"
 #: Requests whose per-request tier report is kept until the connector collects it.
 MAX_TRACKED_REQUESTS = 4096
 
 
-class RowStore(Protocol):
-    """What the tier needs of a chunk store (``DiskStore`` fits)."""
+class KeyIndex(Protocol):
+    """Whether the store holds a key (the scheduler's side-effect-free lookup)."""
 
     def contains(self, key: str) -> bool: ...
 
-    def get(self, key: str) -> dict[str, torch.Tensor] | None: ...
-
-    def put(self, key: str, tensors: Tensors) -> bool: ...
-
-    def close(self) -> None: ...
-
 
 @dataclass(frozen=True)
-class JobOutcome:
-    """A finished store or load job."""
+class FinishedJob:
+    """A finished job in vLLM's terms: a failed load's leading ``loaded_keys`` did load."""
 
     job_id: int
     success: bool
     nbytes: int
     seconds: float
-    #: a failed load's leading keys that did load (their prefix is usable); None: all or none
     loaded_keys: tuple[bytes, ...] | None = None
 
 
@@ -70,7 +63,12 @@ class TierRequestReport:
     chunks_skipped: int = 0
     chunks_failed: int = 0
     decision: CostDecision | None = None
+    #: True when ``decision`` covers the request's whole stored prefix (from ``plan``)
+    planned: bool = False
     stored_chunks: int = 0
+    load_started: float = 0.0
+    load_jobs: int = 0
+    load_bytes: int = 0
 
     def to_params(self) -> dict[str, object]:
         out: dict[str, object] = {"persistent_chunks_found": self.chunks_found,
@@ -110,67 +108,106 @@ def store_key(namespace_digest: str, offload_key: bytes) -> str:
     return hashlib.sha256(namespace_digest.encode() + b"\0kv-row\0" + offload_key).hexdigest()
 
 
-class PersistentKV:
-    """Moves offload rows between vLLM's primary region and a chunk store.
+@dataclass(frozen=True)
+class TierGeometry:
+    """The namespace every key is bound to, and one row's size in tokens and bytes."""
 
-    ``rows`` is a ``(num_rows, row_bytes)`` uint8 view of the primary region. Jobs run on
-    ``io_threads`` threads (``sync=True``: in the caller, for tests and ``disk_write: sync``).
+    namespace_digest: str
+    tokens_per_chunk: int
+    row_bytes: int
+
+
+class PersistentKV:
+    """Decides what the persistent tier promises and writes; an executor moves the bytes.
+
+    ``make_io(done)`` builds the executor that will call ``done(job, outcome)``.
     """
 
-    def __init__(self, store: RowStore, rows: np.ndarray, namespace_digest: str,
-                 tokens_per_chunk: int, cost: CostModel, *, io_threads: int = 4,
-                 sync: bool = False, save: bool = True) -> None:
-        if rows.ndim != 2 or rows.dtype != np.uint8:
-            raise ValueError("rows must be a 2-D uint8 array")
-        self._store = store
-        self._rows = rows
-        self._ns = namespace_digest
-        self.tokens_per_chunk = tokens_per_chunk
+    def __init__(self, index: KeyIndex, geometry: TierGeometry, cost: CostModel,
+                 make_io: Callable[[Callable[[RowJob, JobOutcome], None]], RowExecutor], *,
+                 save: bool = True) -> None:
+        self._index = index
+        self._geo = geometry
         self.cost = cost
-        self._sync = sync
         self._save = save  # False: rows are never written (enable_kv_save off)
-        self._pool = None if sync else ThreadPoolExecutor(io_threads, "vlmcache-kv-io")
-        self._pending: set[Future[None]] = set()
-        self._done: list[JobOutcome] = []
+        self._pending: dict[int, _Submitted] = {}
+        self._done: list[FinishedJob] = []
         self._lock = threading.Lock()
+        self._idle = threading.Condition(self._lock)
         self.ledger = _Ledger()
+        self._io = make_io(self._on_outcome)
+
+    @property
+    def tokens_per_chunk(self) -> int:
+        return self._geo.tokens_per_chunk
 
     @property
     def row_bytes(self) -> int:
-        return int(self._rows.shape[1])
+        return self._geo.row_bytes
 
-    # ---- scheduler-facing calls (must not block) ------------------------------------------
+    def key_for(self, offload_key: bytes) -> str:
+        return store_key(self._geo.namespace_digest, offload_key)
+
+    # ---- scheduler-facing calls (side-effect free on the store, never block on I/O) --------
+
+    def plan(self, req_id: str, offload_keys: Sequence[bytes]) -> CostDecision | None:
+        """Decide load-or-skip once for ``req_id``'s stored prefix (``offload_keys``: its
+        chunks not already in vLLM's GPU cache, in order); ``None`` when nothing is stored."""
+        stored = 0
+        for key in offload_keys:
+            if not self._index.contains(self.key_for(key)):
+                break
+            stored += 1
+        if not stored:
+            return None
+        decision = self.cost.decide(stored * self.tokens_per_chunk, stored * self.row_bytes)
+        report = self.ledger.get(req_id)
+        report.decision, report.planned = decision, True
+        logger.info("vlmcache KV tier: request %s: %s %d stored chunks (%s)", req_id,
+                    decision.choice, stored, decision.reason)
+        return decision
 
     def lookup(self, offload_key: bytes, req_id: str) -> bool:
-        """Whether to promise ``offload_key`` for ``req_id``: stored and cheaper than recompute."""
-        # decided first: a row not worth loading is not written either (see _store_job)
-        decision = self.cost.decide(self.tokens_per_chunk, self.row_bytes)
+        """Whether to promise ``offload_key`` for ``req_id``: stored and worth loading."""
         report = self.ledger.get(req_id)
-        if report.decision is None or report.decision.choice != decision.choice:
-            logger.info("vlmcache KV tier: request %s: %s from disk (%s)", req_id,
-                        decision.choice, decision.reason)
-        report.decision = decision
-        if decision.choice == "skip":
+        if report.decision is None:  # no plan (a lookup outside the connector): this chunk
+            report.decision = self.cost.decide(self.tokens_per_chunk, self.row_bytes)
+        if report.decision.choice == "skip":
             report.chunks_skipped += 1
             return False
-        if not self._store.contains(store_key(self._ns, offload_key)):
+        if not self._index.contains(self.key_for(offload_key)):
             return False
         report.chunks_found += 1
         return True
 
     def submit_store(self, job_id: int, keys: Sequence[bytes], rows: Sequence[int],
-                     req_id: str | None = None) -> None:
-        """Persist rows ``rows`` under ``keys`` (already in the store: kept, not rewritten)."""
+                     req_id: str | None = None, tenant: str | None = None) -> None:
+        """Persist rows ``rows`` under ``keys`` when loading them could ever win (a row the
+        cost model would never load is not worth its disk bytes); stored keys are kept."""
         if req_id is not None:
             self.ledger.get(req_id).stored_chunks += len(keys)
-        self._submit(self._store_job, job_id, list(keys), list(rows))
+        n = len(keys)
+        worth = self._save and n and self.cost.decide(
+            n * self.tokens_per_chunk, n * self.row_bytes).choice == "load"
+        if not worth:
+            with self._lock:
+                self._done.append(FinishedJob(job_id, True, 0, 0.0))
+            return
+        self._submit(RowJob(job_id, "store", tuple(self.key_for(k) for k in keys),
+                            tuple(rows), tenant), keys, req_id)
 
     def submit_load(self, job_id: int, keys: Sequence[bytes], rows: Sequence[int],
                     req_id: str | None = None) -> None:
         """Read ``keys`` into rows ``rows``."""
-        self._submit(self._load_job, job_id, list(keys), list(rows), req_id)
+        if req_id is not None:
+            report = self.ledger.get(req_id)
+            if not report.load_jobs:
+                report.load_started, report.load_bytes = time.perf_counter(), 0
+            report.load_jobs += 1
+        self._submit(RowJob(job_id, "load", tuple(self.key_for(k) for k in keys),
+                            tuple(rows)), keys, req_id)
 
-    def finished(self) -> list[JobOutcome]:
+    def finished(self) -> list[FinishedJob]:
         """Jobs finished since the last call."""
         with self._lock:
             done, self._done = self._done, []
@@ -180,87 +217,53 @@ class PersistentKV:
         with self._lock:
             return bool(self._pending or self._done)
 
-    def drain(self) -> None:
+    def drain(self, timeout_s: float | None = None) -> None:
         """Wait until every submitted job has finished (its outcome stays queued)."""
-        with self._lock:
-            pending = list(self._pending)
-        wait(pending)
+        with self._idle:
+            self._idle.wait_for(lambda: not self._pending, timeout_s)
 
     def shutdown(self) -> None:
-        """Finish every job, close the store and drop the view of vLLM's region (so vLLM
-        can unmap it)."""
-        self.drain()
-        if self._pool is not None:
-            self._pool.shutdown(wait=True)
-        self._store.close()
-        self._rows = np.zeros((0, self.row_bytes), dtype=np.uint8)
+        """Finish every job and stop the executor (which closes its store and drops its view
+        of vLLM's region, so vLLM can unmap it)."""
+        self.drain(timeout_s=60)
+        self._io.close()
 
-    # ---- I/O --------------------------------------------------------------------------------
+    # ---- outcomes ----------------------------------------------------------------------------
 
-    def _submit(self, fn, job_id: int, *args) -> None:  # type: ignore[no-untyped-def]
-        if self._pool is None:
-            self._run(fn, job_id, *args)
-            return
-        future = self._pool.submit(self._run, fn, job_id, *args)
+    def _submit(self, job: RowJob, offload_keys: Sequence[bytes], req_id: str | None) -> None:
         with self._lock:
-            self._pending.add(future)
-        future.add_done_callback(self._forget)
+            self._pending[job.job_id] = _Submitted(tuple(offload_keys), req_id)
+        self._io.submit(job)
 
-    def _forget(self, future: Future[None]) -> None:
+    def _on_outcome(self, job: RowJob, outcome: JobOutcome) -> None:
         with self._lock:
-            self._pending.discard(future)
+            sub = self._pending.get(job.job_id) or _Submitted((), None)
+        if job.kind == "load":
+            self._note_load(sub.req_id, outcome, len(job.keys))
+        # vLLM 0.32 keeps a failed load's leading keys that did load (0.26: all or none)
+        loaded = None if outcome.success else sub.offload_keys[:outcome.loaded]
+        finished = FinishedJob(job.job_id, outcome.success, outcome.nbytes, outcome.seconds,
+                               loaded)
+        with self._idle:
+            self._pending.pop(job.job_id, None)
+            self._done.append(finished)
+            self._idle.notify_all()
 
-    def _run(self, fn, job_id: int, *args) -> None:  # type: ignore[no-untyped-def]
-        start = time.perf_counter()
-        loaded: tuple[bytes, ...] | None = None
-        try:
-            ok, nbytes, loaded = fn(*args)
-        except Exception:  # a cache fault is a failed job (a miss), never a crash
-            logger.exception("vlmcache KV tier: job %d failed", job_id)
-            ok, nbytes = False, 0
-        outcome = JobOutcome(job_id, ok, nbytes, time.perf_counter() - start,
-                             None if ok else loaded)
-        with self._lock:
-            self._done.append(outcome)
-
-    def _store_job(self, keys: list[bytes], rows: list[int]) -> tuple[bool, int, None]:
-        ok, nbytes = True, 0
-        # the policy: a row the cost model would never load is not worth writing
-        worth = self._save and self.cost.decide(self.tokens_per_chunk, self.row_bytes).choice \
-            == "load"
-        for key, row in zip(keys if worth else (), rows):
-            skey = store_key(self._ns, key)
-            if self._store.contains(skey):
-                continue
-            data = torch.from_numpy(self._rows[row])
-            ok = self._store.put(skey, {TENSOR_NAME: data}) and ok
-            nbytes += self.row_bytes
-        return ok, nbytes, None
-
-    def _load_job(self, keys: list[bytes], rows: list[int],
-                  req_id: str | None) -> tuple[bool, int, tuple[bytes, ...]]:
-        start = time.perf_counter()
-        nbytes = 0
-        for i, (key, row) in enumerate(zip(keys, rows)):
-            tensors = self._store.get(store_key(self._ns, key))
-            kv = tensors.get(TENSOR_NAME) if tensors is not None else None
-            if kv is None or kv.dtype != torch.uint8 or kv.numel() != self.row_bytes:
-                logger.warning("vlmcache KV tier: chunk for request %s missing or of the wrong "
-                               "size: recomputed", req_id)
-                self._note_load(req_id, ok=False)
-                self._note_load(req_id, ok=True, chunks=i)
-                return False, nbytes, tuple(keys[:i])
-            self._rows[row][:] = kv.numpy().reshape(-1)
-            nbytes += self.row_bytes
-        self.cost.observe_read(nbytes, time.perf_counter() - start)
-        self._note_load(req_id, ok=True, chunks=len(keys))
-        return True, nbytes, tuple(keys)
-
-    def _note_load(self, req_id: str | None, *, ok: bool, chunks: int = 1) -> None:
-        if req_id is None or chunks == 0:
+    def _note_load(self, req_id: str | None, outcome: JobOutcome, chunks: int) -> None:
+        """Count the request's loaded and failed chunks; once its last load job is in, feed
+        the cost model the whole prefix's read (bytes, first submit to last outcome)."""
+        if req_id is None:
             return
         report = self.ledger.get(req_id)
-        if ok:
-            report.chunks_loaded += chunks
-        else:
-            report.chunks_failed += chunks
+        report.chunks_loaded += outcome.loaded
+        report.chunks_failed += chunks - outcome.loaded if not outcome.success else 0
+        report.load_bytes += outcome.nbytes
+        report.load_jobs -= 1
+        if report.load_jobs == 0 and outcome.success:
+            self.cost.observe_read(report.load_bytes, time.perf_counter() - report.load_started)
+
+
+@dataclass(frozen=True)
+class _Submitted:
+    offload_keys: tuple[bytes, ...]
+    req_id: str | None

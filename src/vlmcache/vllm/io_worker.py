@@ -1,0 +1,292 @@
+"""Where the persistent tier's I/O runs: a child process of the engine, or the caller.
+
+With one GPU, vLLM runs the scheduler, this tier and the model runner in one process; the
+tier's reads, writes and checksums (tens of MB per prompt) then compete with the model runner
+for the GIL. Measured on an H100 (Qwen2-VL-7B shape): a miss with in-process writes took
+2.6x recompute and a CPU-tier hit 3.5x vLLM's. :class:`ChildIO` runs the same
+:class:`~vlmcache.vllm.row_io.RowMover` in a child process that maps vLLM's CPU region
+(its file descriptor is inherited) and opens its own chunk store; the engine process only
+writes job lines to a pipe and reads outcome lines back.
+
+Run as ``python -m vlmcache.vllm.io_worker`` by :class:`ChildIO` only. Protocol, one JSON
+object per line: parent -> child: a start message (config, region geometry, fd), then
+:class:`RowJob` s; child -> parent: ``{"ready": ...}``, optional ``{"probe": ...}``, then
+:class:`JobOutcome` s.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import mmap
+import os
+import random
+import select
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, TYPE_CHECKING, Callable, Protocol
+
+import numpy as np
+
+from vlmcache.vllm.row_io import JobOutcome, RowJob, RowMover, RowStore
+
+if TYPE_CHECKING:
+    from vlmcache.config import VlmCacheConfig
+
+logger = logging.getLogger(__name__)
+
+#: How long the child may take to import, open the store and map the region.
+START_TIMEOUT_S = 120.0
+#: Stored chunks read at start-up to measure the store's read bandwidth (cost model).
+PROBE_CHUNKS = 16
+
+Done = Callable[[RowJob, JobOutcome], None]
+
+
+class RowExecutor(Protocol):
+    """Runs row jobs and calls ``done`` with each outcome (on any thread)."""
+
+    def submit(self, job: RowJob) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class InlineIO:
+    """Runs each job in the caller (``disk_write: sync``, tests)."""
+
+    def __init__(self, mover: RowMover, done: Done) -> None:
+        self._mover = mover
+        self._done = done
+
+    def submit(self, job: RowJob) -> None:
+        self._done(job, self._mover.run(job))
+
+    def close(self) -> None:
+        self._mover.close()
+
+
+class ThreadIO:
+    """Runs jobs on threads of this process (when the I/O process cannot map the region)."""
+
+    def __init__(self, mover: RowMover, done: Done, threads: int) -> None:
+        self._mover = mover
+        self._done = done
+        self._pool = ThreadPoolExecutor(max(1, threads), "vlmcache-kv-io")
+
+    def submit(self, job: RowJob) -> None:
+        self._pool.submit(lambda: self._done(job, self._mover.run(job)))
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True)
+        self._mover.close()
+
+
+def make_executor(config: "VlmCacheConfig", store: "RowStore", rows: np.ndarray,
+                  region_fd: int | None, done: Done,
+                  on_probe: Callable[[int, float], None] | None = None) -> RowExecutor:
+    """The executor ``config`` asks for: inline for ``disk_write: sync``, else the I/O
+    process (on ``region_fd``; threads here if vLLM's region has no descriptor)."""
+    threads = config.kv_io_threads
+    if config.disk_write == "sync":
+        return InlineIO(RowMover(store, rows, threads), done)
+    if region_fd is None:
+        logger.warning("vlmcache KV tier: vLLM's CPU region has no file descriptor here: "
+                       "the tier's I/O runs on threads of the engine process")
+        return ThreadIO(RowMover(store, rows, threads), done, threads)
+    start = ChildStart(config.to_dict(), region_fd, int(rows.shape[0]), int(rows.shape[1]),
+                       threads)
+    return ChildIO(start, done, on_probe)
+
+
+@dataclass(frozen=True)
+class ChildStart:
+    """What the child needs: vlmcache's config, the region's geometry and descriptor."""
+
+    config: dict[str, object]
+    fd: int
+    num_rows: int
+    row_bytes: int
+    threads: int
+
+    def to_json(self) -> str:
+        return json.dumps({"config": self.config, "fd": self.fd, "num_rows": self.num_rows,
+                           "row_bytes": self.row_bytes, "threads": self.threads},
+                          default=str)
+
+
+class ChildIO:
+    """Runs row jobs in a child process (see the module docstring).
+
+    A dead child fails its pending jobs and every later one (misses, logged once); the
+    engine keeps serving by recomputing.
+    """
+
+    def __init__(self, start: ChildStart, done: Done,
+                 on_probe: Callable[[int, float], None] | None = None) -> None:
+        self._done = done
+        self._on_probe = on_probe
+        self._lock = threading.Lock()
+        self._pending: dict[int, RowJob] = {}
+        self._dead = False
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        self._proc = subprocess.Popen(
+            [sys.executable, "-m", "vlmcache.vllm.io_worker"], stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE, pass_fds=(start.fd,), env=env, text=True, bufsize=1)
+        assert self._proc.stdin is not None and self._proc.stdout is not None
+        self._stdin: IO[str] = self._proc.stdin
+        self._stdout: IO[str] = self._proc.stdout
+        self._stdin.write(start.to_json() + "\n")
+        self._stdin.flush()
+        self._wait_ready()
+        self._reader = threading.Thread(target=self._read_loop, name="vlmcache-kv-io-reader",
+                                        daemon=True)
+        self._reader.start()
+        logger.info("vlmcache KV tier: I/O process %d (%d threads)", self._proc.pid,
+                    start.threads)
+
+    @property
+    def pid(self) -> int:
+        return self._proc.pid
+
+    def submit(self, job: RowJob) -> None:
+        with self._lock:
+            dead = self._dead
+            if not dead:
+                self._pending[job.job_id] = job
+                try:
+                    self._stdin.write(job.to_json() + "\n")
+                    self._stdin.flush()
+                except (OSError, ValueError):
+                    dead = True
+                    self._pending.pop(job.job_id, None)
+        if dead:
+            self._done(job, JobOutcome(job.job_id, False, 0, 0.0))
+
+    def close(self) -> None:
+        """Finish every submitted job, then stop the child."""
+        try:
+            self._stdin.close()
+        except OSError:
+            pass
+        try:
+            self._proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            logger.warning("vlmcache KV tier: I/O process did not stop; killing it")
+            self._proc.kill()
+            self._proc.wait()
+        self._reader.join(timeout=10)
+
+    def _wait_ready(self) -> None:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            ready, _, _ = select.select([self._stdout], [], [], 1.0)
+            if ready:
+                line = self._stdout.readline()
+                if not line:
+                    break
+                if json.loads(line).get("ready"):
+                    return
+            elif self._proc.poll() is not None:
+                break
+        self._proc.kill()
+        raise RuntimeError("vlmcache KV tier: the I/O process did not start (see its log)")
+
+    def _read_loop(self) -> None:
+        for line in self._stdout:
+            try:
+                msg = json.loads(line)
+                if "probe" in msg:
+                    if self._on_probe is not None:
+                        self._on_probe(int(msg["probe"]["nbytes"]),
+                                       float(msg["probe"]["seconds"]))
+                    continue
+                outcome = JobOutcome.from_json(line)
+            except (ValueError, KeyError, TypeError):
+                logger.error("vlmcache KV tier: bad line from the I/O process: %.200r", line)
+                continue
+            with self._lock:
+                job = self._pending.pop(outcome.job_id, None)
+            if job is not None:
+                self._done(job, outcome)
+        self._fail_pending()
+
+    def _fail_pending(self) -> None:
+        with self._lock:
+            self._dead = True
+            jobs, self._pending = list(self._pending.values()), {}
+        code = self._proc.poll()
+        if jobs or code not in (None, 0):
+            logger.error("vlmcache KV tier: I/O process ended (exit %s); %d pending jobs "
+                         "failed, the persistent tier is off until restart", code, len(jobs))
+        for job in jobs:
+            self._done(job, JobOutcome(job.job_id, False, 0, 0.0))
+
+
+# ---- the child ----------------------------------------------------------------------------
+
+
+def _probe(store: object, threads: int) -> tuple[int, float] | None:
+    """Read up to PROBE_CHUNKS stored chunk files (read + checksum, as a load does) in
+    parallel: the store's read bandwidth before any load is measured."""
+    keys = list(getattr(store, "keys", lambda: [])())
+    path_for = getattr(store, "path_for", None)
+    if not keys or path_for is None:
+        return None
+    picked = random.sample(keys, min(PROBE_CHUNKS, len(keys)))
+
+    def read(key: str) -> int:
+        try:
+            data = Path(path_for(key)).read_bytes()
+        except (OSError, ValueError):
+            return 0
+        hashlib.sha256(data).digest()
+        np.frombuffer(data, dtype=np.uint8).copy()
+        return len(data)
+
+    start = time.perf_counter()
+    with ThreadPoolExecutor(threads) as pool:
+        nbytes = sum(pool.map(read, picked))
+    return (nbytes, time.perf_counter() - start) if nbytes else None
+
+
+def _child_main() -> None:
+    from vlmcache.config import VlmCacheConfig
+    from vlmcache.store.kvstore import open_persistent_kv_store
+
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                        format="(vlmcache-kv-io pid=%(process)d) %(levelname)s %(name)s: "
+                               "%(message)s")
+    start = json.loads(sys.stdin.readline())
+    config = VlmCacheConfig.from_dict(start["config"])
+    num_rows, row_bytes = int(start["num_rows"]), int(start["row_bytes"])
+    region = mmap.mmap(int(start["fd"]), num_rows * row_bytes, flags=mmap.MAP_SHARED,
+                       prot=mmap.PROT_READ | mmap.PROT_WRITE)
+    rows = np.frombuffer(region, dtype=np.uint8).reshape(num_rows, row_bytes)
+    store = open_persistent_kv_store(config)
+    mover = RowMover(store, rows, threads=int(start["threads"]))
+    out_lock = threading.Lock()
+
+    def send(line: str) -> None:
+        with out_lock:
+            sys.stdout.write(line + "\n")
+            sys.stdout.flush()
+
+    send(json.dumps({"ready": True}))
+    probe = _probe(store, int(start["threads"]))
+    if probe is not None:
+        send(json.dumps({"probe": {"nbytes": probe[0], "seconds": probe[1]}}))
+    with ThreadPoolExecutor(max(1, int(start["threads"]) // 2), "vlmcache-kv-job") as jobs:
+        for line in sys.stdin:
+            job = RowJob.from_json(line)
+            jobs.submit(lambda j=job: send(mover.run(j).to_json()))
+    mover.close()
+
+
+if __name__ == "__main__":
+    _child_main()

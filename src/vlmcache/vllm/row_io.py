@@ -1,0 +1,155 @@
+"""Moving offload rows between vLLM's CPU region and a chunk store (plain Python, no vLLM).
+
+A :class:`RowJob` names store keys and rows of the region; :class:`RowMover` runs it on a
+pool of threads, one chunk per task, so a request's prefix is read or written in parallel
+(vLLM batches a request's promotions into one job). The mover runs in the persistent tier's
+I/O process (:mod:`vlmcache.vllm.io_worker`), away from the engine's GIL, or, for
+``disk_write: sync`` and tests, in the caller. Jobs and outcomes cross the process boundary
+as JSON lines.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+import numpy as np
+import torch
+
+from vlmcache.store.base import Tensors
+
+logger = logging.getLogger(__name__)
+
+TENSOR_NAME = "kv"
+JobKind = Literal["store", "load"]
+
+
+class RowStore(Protocol):
+    """What the tier needs of a chunk store (``DiskStore`` and the Redis-backed store fit)."""
+
+    def contains(self, key: str) -> bool: ...
+
+    def get(self, key: str) -> dict[str, torch.Tensor] | None: ...
+
+    def put(self, key: str, tensors: Tensors) -> bool: ...
+
+    def close(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class RowJob:
+    """Store rows ``rows`` under store keys ``keys``, or load ``keys`` into ``rows``."""
+
+    job_id: int
+    kind: JobKind
+    keys: tuple[str, ...]
+    rows: tuple[int, ...]
+    tenant: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("store", "load"):
+            raise ValueError(f"job kind must be 'store' or 'load', got {self.kind!r}")
+        if len(self.keys) != len(self.rows):
+            raise ValueError("a job needs one row per key")
+
+    def to_json(self) -> str:
+        return json.dumps({"job": self.job_id, "kind": self.kind, "keys": list(self.keys),
+                           "rows": list(self.rows), "tenant": self.tenant})
+
+    @classmethod
+    def from_json(cls, line: str) -> "RowJob":
+        d = json.loads(line)
+        tenant = d.get("tenant")
+        return cls(int(d["job"]), d["kind"], tuple(str(k) for k in d["keys"]),
+                   tuple(int(r) for r in d["rows"]), None if tenant is None else str(tenant))
+
+
+@dataclass(frozen=True)
+class JobOutcome:
+    """A finished job: for a load, ``loaded`` leading keys are in their rows."""
+
+    job_id: int
+    success: bool
+    nbytes: int
+    seconds: float
+    loaded: int = 0
+
+    def to_json(self) -> str:
+        return json.dumps({"job": self.job_id, "ok": self.success, "nbytes": self.nbytes,
+                           "seconds": self.seconds, "loaded": self.loaded})
+
+    @classmethod
+    def from_json(cls, line: str) -> "JobOutcome":
+        d = json.loads(line)
+        return cls(int(d["job"]), bool(d["ok"]), int(d["nbytes"]), float(d["seconds"]),
+                   int(d["loaded"]))
+
+
+class RowMover:
+    """Runs :class:`RowJob` s between ``rows`` (a ``(n, row_bytes)`` uint8 view) and a store."""
+
+    def __init__(self, store: RowStore, rows: np.ndarray, threads: int = 4) -> None:
+        if rows.ndim != 2 or rows.dtype != np.uint8:
+            raise ValueError("rows must be a 2-D uint8 array")
+        self._store = store
+        self._rows = rows
+        self._pool = ThreadPoolExecutor(max(1, threads), "vlmcache-kv-row")
+
+    @property
+    def row_bytes(self) -> int:
+        return int(self._rows.shape[1])
+
+    def run(self, job: RowJob) -> JobOutcome:
+        """Run ``job``; a fault is a failed job (a miss), never an exception."""
+        start = time.perf_counter()
+        try:
+            if any(not 0 <= r < self._rows.shape[0] for r in job.rows):
+                raise ValueError(f"job {job.job_id}: a row outside the region")
+            ok, nbytes, loaded = (self._store_all(job) if job.kind == "store"
+                                  else self._load_all(job))
+        except Exception:  # a cache fault is a failed job, never a crash
+            logger.exception("vlmcache KV tier: job %d failed", job.job_id)
+            ok, nbytes, loaded = False, 0, 0
+        return JobOutcome(job.job_id, ok, nbytes, time.perf_counter() - start, loaded)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True)
+        self._store.close()
+        self._rows = np.zeros((0, self.row_bytes), dtype=np.uint8)
+
+    def _store_all(self, job: RowJob) -> tuple[bool, int, int]:
+        written = list(self._pool.map(lambda kr: self._store_one(kr[0], kr[1], job.tenant),
+                                      zip(job.keys, job.rows)))
+        ok = all(n >= 0 for n in written)
+        return ok, sum(max(n, 0) for n in written), 0
+
+    def _store_one(self, key: str, row: int, tenant: str | None) -> int:
+        """Bytes written (0: already stored; -1: the store refused or failed)."""
+        if self._store.contains(key):
+            return 0
+        tensors = {TENSOR_NAME: torch.from_numpy(self._rows[row])}
+        stored = (self._store.put(key, tensors) if tenant is None
+                  else self._store.put(key, tensors, tenant=tenant))  # type: ignore[call-arg]
+        return self.row_bytes if stored else -1
+
+    def _load_all(self, job: RowJob) -> tuple[bool, int, int]:
+        done = list(self._pool.map(lambda kr: self._load_one(kr[0], kr[1]),
+                                   zip(job.keys, job.rows)))
+        loaded = next((i for i, ok in enumerate(done) if not ok), len(done))
+        if loaded < len(done):
+            logger.warning("vlmcache KV tier: job %d: chunk %d of %d missing, corrupt or of "
+                           "the wrong size: recomputed from there", job.job_id, loaded + 1,
+                           len(done))
+        return loaded == len(done), loaded * self.row_bytes, loaded
+
+    def _load_one(self, key: str, row: int) -> bool:
+        tensors = self._store.get(key)
+        kv = tensors.get(TENSOR_NAME) if tensors is not None else None
+        if kv is None or kv.dtype != torch.uint8 or kv.numel() != self.row_bytes:
+            return False
+        self._rows[row][:] = kv.numpy().reshape(-1)
+        return True

@@ -1,0 +1,128 @@
+"""The persistent tier's I/O process: a child that maps vLLM's CPU region by descriptor."""
+
+from __future__ import annotations
+
+import mmap
+import os
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from vlmcache.config import VlmCacheConfig
+from vlmcache.store.kvstore import open_persistent_kv_store
+from vlmcache.vllm.cost import CostModel, CostPriors
+from vlmcache.vllm.io_worker import ChildIO, make_executor
+from vlmcache.vllm.persist import PersistentKV, TierGeometry
+from vlmcache.vllm.row_io import JobOutcome, RowJob
+
+ROWS, ROW = 16, 8192
+NS = "c" * 64
+
+
+class Region:
+    """A file-backed region like vLLM's /dev/shm one: rows and an open descriptor."""
+
+    def __init__(self, path: Path) -> None:
+        self.fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o600)
+        os.ftruncate(self.fd, ROWS * ROW)
+        self._map = mmap.mmap(self.fd, ROWS * ROW)
+        self.rows = np.frombuffer(self._map, dtype=np.uint8).reshape(ROWS, ROW)
+
+
+def _tier(tmp_path: Path, region: Region, config: VlmCacheConfig,
+          probes: list | None = None) -> PersistentKV:
+    cost = CostModel(CostPriors(1e12, 0.0, 1e3))
+    store = open_persistent_kv_store(config)
+
+    def on_probe(nbytes: int, seconds: float) -> None:
+        if probes is not None:
+            probes.append((nbytes, seconds))
+        cost.observe_read(nbytes, seconds)
+
+    return PersistentKV(store, TierGeometry(NS, 16, ROW), cost,
+                        lambda done: make_executor(config, store, region.rows, region.fd,
+                                                   done, on_probe))
+
+
+def _wait_done(t: PersistentKV, n: int, timeout=60.0) -> list:
+    out: list = []
+    deadline = time.monotonic() + timeout
+    while len(out) < n and time.monotonic() < deadline:
+        t.drain(timeout_s=1.0)
+        out += t.finished()
+    return out
+
+
+def test_child_stores_then_a_new_child_loads_into_other_rows(tmp_path):
+    config = VlmCacheConfig(store_path=str(tmp_path / "store"), kv_io_threads=2)
+    src = Region(tmp_path / "region-a")
+    src.rows[:] = np.random.default_rng(1).integers(0, 256, (ROWS, ROW), dtype=np.uint8)
+    t = _tier(tmp_path, src, config)
+    assert isinstance(t._io, ChildIO) and t._io.pid != os.getpid()
+    t.submit_store(1, [b"k0", b"k1", b"k2"], [2, 3, 4], "r1", tenant="acme")
+    assert [(o.job_id, o.success) for o in _wait_done(t, 1)] == [(1, True)]
+    t.shutdown()
+
+    dst = Region(tmp_path / "region-b")  # a restarted engine: new region, same store
+    probes: list = []
+    t2 = _tier(tmp_path, dst, config, probes)
+    keys = [b"k0", b"k1", b"k2"]
+    decision = t2.plan("r2", keys + [b"never-stored"])
+    assert decision is not None and decision.choice == "load"
+    assert all(t2.lookup(k, "r2") for k in keys)
+    t2.submit_load(7, keys, [10, 11, 12], "r2")
+    (outcome,) = _wait_done(t2, 1)
+    assert (outcome.job_id, outcome.success, outcome.nbytes) == (7, True, 3 * ROW)
+    assert np.array_equal(dst.rows[10:13], src.rows[2:5])
+    report = t2.ledger.pop("r2")
+    assert (report.chunks_found, report.chunks_loaded, report.chunks_failed) == (3, 3, 0)
+    assert report.planned and report.to_params()["cost_model_choice"] == "load"
+    t2.shutdown()
+    assert probes and probes[0][0] >= 3 * ROW  # the child measured the store's reads
+
+
+def test_a_killed_child_fails_pending_and_later_jobs_as_misses(tmp_path):
+    config = VlmCacheConfig(store_path=str(tmp_path / "store"), kv_io_threads=2)
+    region = Region(tmp_path / "region")
+    outcomes: list[tuple[RowJob, JobOutcome]] = []
+    got = threading.Event()
+
+    def done(job: RowJob, outcome: JobOutcome) -> None:
+        outcomes.append((job, outcome))
+        got.set()
+
+    io = make_executor(config, open_persistent_kv_store(config), region.rows, region.fd, done)
+    assert isinstance(io, ChildIO)
+    os.kill(io.pid, 9)
+    io._proc.wait()
+    io.submit(RowJob(5, "load", ("ab" * 32,), (0,)))
+    assert got.wait(30)
+    assert [(j.job_id, o.success) for j, o in outcomes] == [(5, False)]
+    io.close()
+
+
+def test_plan_skips_the_whole_prefix_when_recompute_is_cheaper(tmp_path):
+    config = VlmCacheConfig(store_path=str(tmp_path / "store"), disk_write="sync")
+    region = Region(tmp_path / "region")
+    store = open_persistent_kv_store(config)
+    cheap = CostModel(CostPriors(1.0, 0.0, 1e12))  # reads crawl, recompute is free
+    t = PersistentKV(store, TierGeometry(NS, 16, ROW), CostModel(CostPriors(1e12, 0.0, 1e3)),
+                     lambda done: make_executor(config, store, region.rows, None, done))
+    t.submit_store(1, [b"k0", b"k1"], [0, 1])
+    skip = PersistentKV(store, TierGeometry(NS, 16, ROW), cheap,
+                        lambda done: make_executor(config, store, region.rows, None, done))
+    decision = skip.plan("r", [b"k0", b"k1"])
+    assert decision is not None and decision.choice == "skip"
+    assert decision.tokens == 32 and decision.nbytes == 2 * ROW  # the prefix, not one row
+    assert not skip.lookup(b"k0", "r")
+    assert skip.plan("r2", [b"nothing"]) is None
+
+
+@pytest.mark.parametrize("bad", ['{"job": 1, "kind": "delete", "keys": [], "rows": []}',
+                                 '{"job": 1, "kind": "load", "keys": ["a"], "rows": []}'])
+def test_malformed_jobs_are_refused(bad):
+    with pytest.raises(ValueError):
+        RowJob.from_json(bad)
