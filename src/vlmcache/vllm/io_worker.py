@@ -10,8 +10,8 @@ writes job lines to a pipe and reads outcome lines back.
 
 Run as ``python -m vlmcache.vllm.io_worker`` by :class:`ChildIO` only. Protocol, one JSON
 object per line: parent -> child: a start message (config, region geometry, fd), then
-:class:`RowJob` s; child -> parent: ``{"ready": ...}``, optional ``{"probe": ...}``, then
-:class:`JobOutcome` s.
+:class:`RowJob` s; child -> parent: ``{"ready": ...}``, then :class:`JobOutcome` s and
+``{"read": ...}`` throughput measurements (a start-up probe, then each busy period).
 """
 
 from __future__ import annotations
@@ -89,19 +89,21 @@ class ThreadIO:
 
 def make_executor(config: "VlmCacheConfig", store: "RowStore", rows: np.ndarray,
                   region_fd: int | None, done: Done,
-                  on_probe: Callable[[int, float], None] | None = None) -> RowExecutor:
+                  on_read: Callable[[int, float], None] | None = None) -> RowExecutor:
     """The executor ``config`` asks for: inline for ``disk_write: sync``, else the I/O
-    process (on ``region_fd``; threads here if vLLM's region has no descriptor)."""
+    process (on ``region_fd``; threads here if vLLM's region has no descriptor).
+    ``on_read(bytes, seconds)``: the store's measured read throughput (start-up probe and
+    each busy period of loads), for the cost model."""
     threads = config.kv_io_threads
     if config.disk_write == "sync":
-        return InlineIO(RowMover(store, rows, threads), done)
+        return InlineIO(RowMover(store, rows, threads, on_read), done)
     if region_fd is None:
         logger.warning("vlmcache KV tier: vLLM's CPU region has no file descriptor here: "
                        "the tier's I/O runs on threads of the engine process")
-        return ThreadIO(RowMover(store, rows, threads), done, threads)
+        return ThreadIO(RowMover(store, rows, threads, on_read), done, threads)
     start = ChildStart(config.to_dict(), region_fd, int(rows.shape[0]), int(rows.shape[1]),
                        threads)
-    return ChildIO(start, done, on_probe)
+    return ChildIO(start, done, on_read)
 
 
 @dataclass(frozen=True)
@@ -128,9 +130,9 @@ class ChildIO:
     """
 
     def __init__(self, start: ChildStart, done: Done,
-                 on_probe: Callable[[int, float], None] | None = None) -> None:
+                 on_read: Callable[[int, float], None] | None = None) -> None:
         self._done = done
-        self._on_probe = on_probe
+        self._on_read = on_read
         self._lock = threading.Lock()
         self._pending: dict[int, RowJob] = {}
         self._dead = False
@@ -201,10 +203,9 @@ class ChildIO:
         for line in self._stdout:
             try:
                 msg = json.loads(line)
-                if "probe" in msg:
-                    if self._on_probe is not None:
-                        self._on_probe(int(msg["probe"]["nbytes"]),
-                                       float(msg["probe"]["seconds"]))
+                if "read" in msg:
+                    if self._on_read is not None:
+                        self._on_read(int(msg["read"]["nbytes"]), float(msg["read"]["seconds"]))
                     continue
                 outcome = JobOutcome.from_json(line)
             except (ValueError, KeyError, TypeError):
@@ -269,7 +270,6 @@ def _child_main() -> None:
                        prot=mmap.PROT_READ | mmap.PROT_WRITE)
     rows = np.frombuffer(region, dtype=np.uint8).reshape(num_rows, row_bytes)
     store = open_persistent_kv_store(config)
-    mover = RowMover(store, rows, threads=int(start["threads"]))
     out_lock = threading.Lock()
 
     def send(line: str) -> None:
@@ -277,10 +277,14 @@ def _child_main() -> None:
             sys.stdout.write(line + "\n")
             sys.stdout.flush()
 
+    def read(nbytes: int, seconds: float) -> None:
+        send(json.dumps({"read": {"nbytes": nbytes, "seconds": seconds}}))
+
+    mover = RowMover(store, rows, int(start["threads"]), on_read=read)
     send(json.dumps({"ready": True}))
     probe = _probe(store, int(start["threads"]))
     if probe is not None:
-        send(json.dumps({"probe": {"nbytes": probe[0], "seconds": probe[1]}}))
+        read(*probe)
     with ThreadPoolExecutor(max(1, int(start["threads"]) // 2), "vlmcache-kv-job") as jobs:
         for line in sys.stdin:
             job = RowJob.from_json(line)

@@ -55,10 +55,10 @@ def _on_gpu() -> bool:
 
 
 def _shorten_gil_switch_interval() -> None:
-    """With one GPU the model runs in the scheduler's process, beside this tier's I/O
-    threads; with Python's default 5 ms interval the step loop, which gives the GIL up at
-    every CUDA sync, can wait up to 5 ms to get it back (measured: +15-50 ms per request on
-    an H200 with the former copy path). A short interval bounds that."""
+    """With one GPU the model runs in the scheduler's process; when this tier's I/O runs on
+    threads there (no I/O process), with Python's default 5 ms interval the step loop, which
+    gives the GIL up at every CUDA sync, can wait up to 5 ms to get it back (measured: +15-50
+    ms per request on an H200 with the former copy path). A short interval bounds that."""
     if sys.getswitchinterval() > GIL_SWITCH_INTERVAL_S:
         logger.info("vlmcache: GIL switch interval %.1f ms -> %.1f ms",
                     sys.getswitchinterval() * 1e3, GIL_SWITCH_INTERVAL_S * 1e3)
@@ -118,7 +118,7 @@ class VlmCacheTier(SecondaryTierManager):
             lambda done: make_executor(config, store, rows, _region_fd(offloading_spec), done,
                                        self.cost.observe_read),
             save=config.enable_kv_save)
-        if _on_gpu():
+        if _on_gpu() and self.persist.io_in_engine_process:
             _shorten_gil_switch_interval()
         attach = getattr(offloading_spec, "attach_tier", None)
         if callable(attach):

@@ -22,13 +22,12 @@ from __future__ import annotations
 import hashlib
 import logging
 import threading
-import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Callable, Protocol, Sequence
 
 from vlmcache.vllm.cost import CostDecision, CostModel
-from vlmcache.vllm.io_worker import RowExecutor
+from vlmcache.vllm.io_worker import ChildIO, RowExecutor
 from vlmcache.vllm.row_io import JobOutcome, RowJob
 
 logger = logging.getLogger(__name__)
@@ -66,9 +65,6 @@ class TierRequestReport:
     #: True when ``decision`` covers the request's whole stored prefix (from ``plan``)
     planned: bool = False
     stored_chunks: int = 0
-    load_started: float = 0.0
-    load_jobs: int = 0
-    load_bytes: int = 0
 
     def to_params(self) -> dict[str, object]:
         out: dict[str, object] = {"persistent_chunks_found": self.chunks_found,
@@ -145,6 +141,11 @@ class PersistentKV:
     def row_bytes(self) -> int:
         return self._geo.row_bytes
 
+    @property
+    def io_in_engine_process(self) -> bool:
+        """Whether the tier's I/O runs on threads of this (the engine's) process."""
+        return not isinstance(self._io, ChildIO)
+
     def key_for(self, offload_key: bytes) -> str:
         return store_key(self._geo.namespace_digest, offload_key)
 
@@ -199,11 +200,6 @@ class PersistentKV:
     def submit_load(self, job_id: int, keys: Sequence[bytes], rows: Sequence[int],
                     req_id: str | None = None) -> None:
         """Read ``keys`` into rows ``rows``."""
-        if req_id is not None:
-            report = self.ledger.get(req_id)
-            if not report.load_jobs:
-                report.load_started, report.load_bytes = time.perf_counter(), 0
-            report.load_jobs += 1
         self._submit(RowJob(job_id, "load", tuple(self.key_for(k) for k in keys),
                             tuple(rows)), keys, req_id)
 
@@ -250,17 +246,12 @@ class PersistentKV:
             self._idle.notify_all()
 
     def _note_load(self, req_id: str | None, outcome: JobOutcome, chunks: int) -> None:
-        """Count the request's loaded and failed chunks; once its last load job is in, feed
-        the cost model the whole prefix's read (bytes, first submit to last outcome)."""
+        """Count the request's loaded and failed chunks (the executor measures throughput)."""
         if req_id is None:
             return
         report = self.ledger.get(req_id)
         report.chunks_loaded += outcome.loaded
         report.chunks_failed += chunks - outcome.loaded if not outcome.success else 0
-        report.load_bytes += outcome.nbytes
-        report.load_jobs -= 1
-        if report.load_jobs == 0 and outcome.success:
-            self.cost.observe_read(report.load_bytes, time.perf_counter() - report.load_started)
 
 
 @dataclass(frozen=True)

@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import Callable, Literal, Protocol
 
 import numpy as np
 import torch
@@ -89,15 +90,46 @@ class JobOutcome:
                    int(d["loaded"]))
 
 
-class RowMover:
-    """Runs :class:`RowJob` s between ``rows`` (a ``(n, row_bytes)`` uint8 view) and a store."""
+class ReadMeter:
+    """The store's read throughput as the cost model needs it: bytes loaded per second of
+    time during which any load was running. (Timing each request's load end to end would
+    charge it the queue behind concurrent loads: a batch of 32 looked 32x slower.)"""
 
-    def __init__(self, store: RowStore, rows: np.ndarray, threads: int = 4) -> None:
+    def __init__(self, report: Callable[[int, float], None] | None) -> None:
+        self._report = report
+        self._lock = threading.Lock()
+        self._running = 0
+        self._start = 0.0
+        self._bytes = 0
+
+    def begin(self) -> None:
+        with self._lock:
+            if self._running == 0:
+                self._start, self._bytes = time.perf_counter(), 0
+            self._running += 1
+
+    def end(self, nbytes: int) -> None:
+        with self._lock:
+            self._running -= 1
+            self._bytes += nbytes
+            if self._running or not self._bytes or self._report is None:
+                return
+            busy = (self._bytes, time.perf_counter() - self._start)
+        self._report(*busy)
+
+
+class RowMover:
+    """Runs :class:`RowJob` s between ``rows`` (a ``(n, row_bytes)`` uint8 view) and a store;
+    ``on_read(bytes, seconds)`` gets the read throughput of each busy period."""
+
+    def __init__(self, store: RowStore, rows: np.ndarray, threads: int = 4,
+                 on_read: Callable[[int, float], None] | None = None) -> None:
         if rows.ndim != 2 or rows.dtype != np.uint8:
             raise ValueError("rows must be a 2-D uint8 array")
         self._store = store
         self._rows = rows
         self._pool = ThreadPoolExecutor(max(1, threads), "vlmcache-kv-row")
+        self._meter = ReadMeter(on_read)
 
     @property
     def row_bytes(self) -> int:
@@ -137,8 +169,13 @@ class RowMover:
         return self.row_bytes if stored else -1
 
     def _load_all(self, job: RowJob) -> tuple[bool, int, int]:
-        done = list(self._pool.map(lambda kr: self._load_one(kr[0], kr[1]),
-                                   zip(job.keys, job.rows)))
+        self._meter.begin()
+        done: list[bool] = []
+        try:
+            done = list(self._pool.map(lambda kr: self._load_one(kr[0], kr[1]),
+                                       zip(job.keys, job.rows)))
+        finally:
+            self._meter.end(sum(done) * self.row_bytes)
         loaded = next((i for i, ok in enumerate(done) if not ok), len(done))
         if loaded < len(done):
             logger.warning("vlmcache KV tier: job %d: chunk %d of %d missing, corrupt or of "
