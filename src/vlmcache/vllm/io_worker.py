@@ -23,6 +23,7 @@ import mmap
 import os
 import random
 import select
+import signal
 import subprocess
 import sys
 import threading
@@ -260,6 +261,12 @@ def _child_main() -> None:
     from vlmcache.config import VlmCacheConfig
     from vlmcache.store.kvstore import open_persistent_kv_store
 
+    # The protocol gets its own copy of stdout; anything a library prints goes to stderr.
+    proto = os.fdopen(os.dup(1), "w", buffering=1)
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    # Ctrl-C reaches the whole process group: finish queued writes, stop at stdin's EOF.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="(vlmcache-kv-io pid=%(process)d) %(levelname)s %(name)s: "
                                "%(message)s")
@@ -274,8 +281,8 @@ def _child_main() -> None:
 
     def send(line: str) -> None:
         with out_lock:
-            sys.stdout.write(line + "\n")
-            sys.stdout.flush()
+            proto.write(line + "\n")
+            proto.flush()
 
     def read(nbytes: int, seconds: float) -> None:
         send(json.dumps({"read": {"nbytes": nbytes, "seconds": seconds}}))
