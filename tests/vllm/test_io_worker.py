@@ -126,3 +126,16 @@ def test_plan_skips_the_whole_prefix_when_recompute_is_cheaper(tmp_path):
 def test_malformed_jobs_are_refused(bad):
     with pytest.raises(ValueError):
         RowJob.from_json(bad)
+
+
+def test_a_planned_request_with_nothing_stored_misses_without_a_decision(tmp_path):
+    config = VlmCacheConfig(store_path=str(tmp_path / "store"), disk_write="sync")
+    region = Region(tmp_path / "region")
+    store = open_persistent_kv_store(config)
+    t = PersistentKV(store, TierGeometry(NS, 16, ROW), CostModel(CostPriors(1e12, 0.0, 1e3)),
+                     lambda done: make_executor(config, store, region.rows, None, done))
+    assert t.plan("r", [b"k0", b"k1"]) is None
+    assert not t.lookup(b"k0", "r")
+    report = t.ledger.pop("r")
+    assert report.planned and report.decision is None
+    assert "cost_model_choice" not in report.to_params()

@@ -62,7 +62,7 @@ class TierRequestReport:
     chunks_skipped: int = 0
     chunks_failed: int = 0
     decision: CostDecision | None = None
-    #: True when ``decision`` covers the request's whole stored prefix (from ``plan``)
+    #: True once ``plan`` ran: ``decision`` then covers the request's whole stored prefix
     planned: bool = False
     stored_chunks: int = 0
 
@@ -153,17 +153,19 @@ class PersistentKV:
 
     def plan(self, req_id: str, offload_keys: Sequence[bytes]) -> CostDecision | None:
         """Decide load-or-skip once for ``req_id``'s stored prefix (``offload_keys``: its
-        chunks not already in vLLM's GPU cache, in order); ``None`` when nothing is stored."""
+        chunks not already in vLLM's GPU cache, in order); ``None`` when nothing is stored
+        (the request's lookups then miss without asking the store again)."""
         stored = 0
         for key in offload_keys:
             if not self._index.contains(self.key_for(key)):
                 break
             stored += 1
+        report = self.ledger.get(req_id)
+        report.planned = True
         if not stored:
             return None
         decision = self.cost.decide(stored * self.tokens_per_chunk, stored * self.row_bytes)
-        report = self.ledger.get(req_id)
-        report.decision, report.planned = decision, True
+        report.decision = decision
         logger.info("vlmcache KV tier: request %s: %s %d stored chunks (%s)", req_id,
                     decision.choice, stored, decision.reason)
         return decision
@@ -171,7 +173,10 @@ class PersistentKV:
     def lookup(self, offload_key: bytes, req_id: str) -> bool:
         """Whether to promise ``offload_key`` for ``req_id``: stored and worth loading."""
         report = self.ledger.get(req_id)
-        if report.decision is None:  # no plan (a lookup outside the connector): this chunk
+        if report.decision is None:
+            if report.planned:  # the plan found nothing stored for this request
+                return False
+            # a lookup outside the connector (no plan): decide for this chunk alone
             report.decision = self.cost.decide(self.tokens_per_chunk, self.row_bytes)
         if report.decision.choice == "skip":
             report.chunks_skipped += 1
