@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import mmap
 import os
+import signal
 import threading
 import time
 from pathlib import Path
@@ -139,3 +140,26 @@ def test_a_planned_request_with_nothing_stored_misses_without_a_decision(tmp_pat
     report = t.ledger.pop("r")
     assert report.planned and report.decision is None
     assert "cost_model_choice" not in report.to_params()
+
+
+def test_a_wedged_child_never_blocks_the_scheduler(tmp_path):
+    config = VlmCacheConfig(store_path=str(tmp_path / "store"), kv_io_threads=1)
+    region = Region(tmp_path / "region")
+    failed: list[int] = []
+    io = make_executor(config, open_persistent_kv_store(config), region.rows, region.fd,
+                       lambda job, outcome: None if outcome.success else failed.append(job.job_id))
+    assert isinstance(io, ChildIO)
+    os.kill(io.pid, signal.SIGSTOP)  # a child stuck on a dead disk: its pipe fills up
+    try:
+        start = time.monotonic()
+        for job in range(3000):  # ~300 kB of job lines: far more than a pipe holds
+            io.submit(RowJob(job, "load", ("ab" * 32,) * 2, (0, 1)))
+        assert time.monotonic() - start < 5.0
+    finally:
+        os.kill(io.pid, signal.SIGKILL)
+    io._proc.wait()
+    deadline = time.monotonic() + 30
+    while len(failed) < 3000 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert len(failed) == 3000  # every job of the dead child is a miss
+    io.close()

@@ -21,6 +21,7 @@ import json
 import logging
 import mmap
 import os
+import queue
 import random
 import select
 import signal
@@ -44,6 +45,8 @@ logger = logging.getLogger(__name__)
 
 #: How long the child may take to import, open the store and map the region.
 START_TIMEOUT_S = 120.0
+#: Jobs waiting for the pipe to the I/O process before new ones fail (are misses).
+MAX_QUEUED_JOBS = 10_000
 #: Stored chunks read at start-up to measure the store's read bandwidth (cost model).
 PROBE_CHUNKS = 16
 
@@ -137,6 +140,9 @@ class ChildIO:
         self._lock = threading.Lock()
         self._pending: dict[int, RowJob] = {}
         self._dead = False
+        # jobs go to the pipe from a writer thread: a wedged child fills the pipe, and the
+        # scheduler must never block on it (past MAX_QUEUED_JOBS, jobs fail: misses)
+        self._outbox: queue.Queue[RowJob | None] = queue.Queue(MAX_QUEUED_JOBS)
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         self._proc = subprocess.Popen(
             [sys.executable, "-m", "vlmcache.vllm.io_worker"], stdin=subprocess.PIPE,
@@ -150,6 +156,9 @@ class ChildIO:
         self._reader = threading.Thread(target=self._read_loop, name="vlmcache-kv-io-reader",
                                         daemon=True)
         self._reader.start()
+        self._writer = threading.Thread(target=self._write_loop, name="vlmcache-kv-io-writer",
+                                        daemon=True)
+        self._writer.start()
         logger.info("vlmcache KV tier: I/O process %d (%d threads)", self._proc.pid,
                     start.threads)
 
@@ -159,24 +168,24 @@ class ChildIO:
 
     def submit(self, job: RowJob) -> None:
         with self._lock:
-            dead = self._dead
-            if not dead:
+            accepted = not self._dead
+            if accepted:
                 self._pending[job.job_id] = job
-                try:
-                    self._stdin.write(job.to_json() + "\n")
-                    self._stdin.flush()
-                except (OSError, ValueError):
-                    dead = True
+        if accepted:
+            try:
+                self._outbox.put_nowait(job)
+                return
+            except queue.Full:
+                logger.warning("vlmcache KV tier: %d jobs queued for the I/O process: job %d "
+                               "dropped (a miss)", MAX_QUEUED_JOBS, job.job_id)
+                with self._lock:
                     self._pending.pop(job.job_id, None)
-        if dead:
-            self._done(job, JobOutcome(job.job_id, False, 0, 0.0))
+        self._done(job, JobOutcome(job.job_id, False, 0, 0.0))
 
     def close(self) -> None:
         """Finish every submitted job, then stop the child."""
-        try:
-            self._stdin.close()
-        except OSError:
-            pass
+        self._outbox.put(None)  # the writer closes the child's stdin after the last job
+        self._writer.join(timeout=60)
         try:
             self._proc.wait(timeout=60)
         except subprocess.TimeoutExpired:
@@ -184,6 +193,18 @@ class ChildIO:
             self._proc.kill()
             self._proc.wait()
         self._reader.join(timeout=10)
+
+    def _write_loop(self) -> None:
+        while (job := self._outbox.get()) is not None:
+            try:
+                self._stdin.write(job.to_json() + "\n")
+                self._stdin.flush()
+            except (OSError, ValueError):
+                break  # the child is gone: the reader fails what is pending
+        try:
+            self._stdin.close()
+        except OSError:
+            pass
 
     def _wait_ready(self) -> None:
         deadline = time.monotonic() + START_TIMEOUT_S
@@ -193,7 +214,7 @@ class ChildIO:
                 line = self._stdout.readline()
                 if not line:
                     break
-                if json.loads(line).get("ready"):
+                if line.startswith('{"ready"'):
                     return
             elif self._proc.poll() is not None:
                 break
