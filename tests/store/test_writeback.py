@@ -40,7 +40,7 @@ def test_write_behind_survives_a_failing_write(tmp_path, monkeypatch):
     disk = DiskStore(tmp_path, 1 << 20)
     calls = []
 
-    def broken_put(key, tensors):
+    def broken_put(key, tensors, tenant=None):
         calls.append(key)
         raise RuntimeError("boom")
 
@@ -98,7 +98,7 @@ def test_pending_bytes_bound_what_a_crash_can_lose(tmp_path):
     disk = DiskStore(tmp_path, 1 << 20)
     gate = __import__("threading").Event()
     real_put = disk.put
-    disk.put = lambda key, tensors: gate.wait() and real_put(key, tensors)
+    disk.put = lambda key, tensors, tenant=None: gate.wait() and real_put(key, tensors)
     writer = WriteBehind(disk, max_pending_bytes=64 * 3)  # three 64-byte chunks
     accepted = sum(writer.submit(f"{i:04x}", chunk(i)) for i in range(10))
     stats = writer.stats()

@@ -30,6 +30,22 @@ logger = logging.getLogger(__name__)
 FORMAT_VERSION = "1"
 MANIFEST_FORMAT = 1
 SUFFIX = ".safetensors"
+#: Metadata key naming the tenant a chunk's bytes are charged to (its :func:`tenant_label`).
+TENANT_META = "tenant"
+#: Longer tenant labels are stored as a digest (a header must stay small).
+MAX_TENANT_LABEL = 200
+
+
+def tenant_label(tenant: str | None) -> str | None:
+    """How a store names ``tenant`` in files and stats: ASCII-only JSON escapes (any str,
+    lone surrogates included), or ``sha256:<hex>`` when that would exceed
+    :data:`MAX_TENANT_LABEL` characters."""
+    if tenant is None:
+        return None
+    label = json.dumps(tenant)[1:-1]
+    if len(label) <= MAX_TENANT_LABEL:
+        return label
+    return "sha256:" + hashlib.sha256(tenant.encode("utf-8", "surrogatepass")).hexdigest()
 _KEY_RE = re.compile(r"[0-9a-f]{2,128}")
 _SHA_RE = re.compile(r"[0-9a-f]{64}")
 _TMP_RE = re.compile(r"\.(?P<stem>[0-9a-z]+)\.(?P<pid>\d+)\.[0-9a-f]+\.tmp")
@@ -47,6 +63,7 @@ class _Entry:
     sha256: str
     last_used: float
     reused: bool = False  # hit at least once since it was (re)written
+    tenant: str | None = None  # whose bytes these are (from the file's metadata)
 
 
 def check_key(key: object) -> str:
@@ -143,18 +160,21 @@ def make_private_dir(path: Path) -> None:
         raise OSError(errno.ENOTDIR, "store directory is a symlink or not a directory", str(path))
 
 
-def _read_chunk(key: str, path: Path) -> tuple[dict[str, torch.Tensor], str, int]:
-    """Read and fully verify one chunk file: (tensors, sha256, payload bytes)."""
+def _read_chunk(key: str, path: Path
+                ) -> tuple[dict[str, torch.Tensor], str, int, str | None]:
+    """Read and fully verify one chunk file: (tensors, sha256, payload bytes, tenant)."""
     with _open_read(path) as f:
         data = f.read()
-    sha = _header_checksum(_parse_header(data), key)
+    header = _parse_header(data)
+    sha = _header_checksum(header, key)
+    tenant = (header.get("__metadata__") or {}).get(TENANT_META)
     try:
         tensors = safetensors.torch.load(data)
     except Exception as exc:  # safetensors raises its own error types for malformed files
         raise _ChunkFault(f"unparseable tensors: {exc}") from exc
     if chunk_checksum(tensors) != sha:
         raise _ChunkFault("checksum mismatch")
-    return tensors, sha, tensors_nbytes(tensors)
+    return tensors, sha, tensors_nbytes(tensors), tenant if isinstance(tenant, str) else None
 
 
 def _read_header_file(path: Path) -> dict[str, Any]:
@@ -167,7 +187,14 @@ def _read_header_file(path: Path) -> dict[str, Any]:
 
 
 def file_entry(path: Path, key: str) -> tuple[int, str]:
-    """(payload bytes, sha256) of a chunk file, from the file itself, never from a manifest.
+    """(payload bytes, sha256) of a chunk file (see :func:`file_facts`)."""
+    nbytes, sha, _ = file_facts(path, key)
+    return nbytes, sha
+
+
+def file_facts(path: Path, key: str) -> tuple[int, str, str | None]:
+    """(payload bytes, sha256, tenant) of a chunk file, from the file itself, never from a
+    manifest.
 
     The header's tensor extents must account for the file's size exactly, so a truncated or
     padded file is a :class:`_ChunkFault` (as is a header without valid vlmcache metadata).
@@ -184,7 +211,8 @@ def file_entry(path: Path, key: str) -> tuple[int, str]:
                if name != "__metadata__"), default=0)
     if 8 + size + end != file_size:
         raise _ChunkFault(f"file is {file_size} B, its header describes {8 + size + end} B")
-    return nbytes, sha
+    tenant = (header.get("__metadata__") or {}).get(TENANT_META)
+    return nbytes, sha, tenant if isinstance(tenant, str) else None
 
 
 def _write_bytes(f: BinaryIO, data: bytes) -> None:

@@ -22,13 +22,15 @@ import torch
 
 from vlmcache.store.base import EvictionListener, StoreStats, Tensors, tensors_nbytes
 from vlmcache.store.chunkfile import (
-    FORMAT_VERSION, SUFFIX, _ChunkFault, _Entry, _fsync_dir, _read_chunk, _tmp_path,
-    _unlink_quiet, _write_file, check_key, chunk_checksum, file_entry, make_private_dir,
+    FORMAT_VERSION, SUFFIX, TENANT_META, _ChunkFault, _Entry, _fsync_dir, _read_chunk, _tmp_path,
+    _unlink_quiet, _write_file, check_key, chunk_checksum, file_entry, file_facts,
+    make_private_dir, tenant_label,
     scan_keys,
 )
 from vlmcache.store.ledger import LedgerView, OccupancyLedger
 from vlmcache.store.manifest import load_last_used, write_manifest
 from vlmcache.store.memory import notify_evicted, snapshot_tensors
+from vlmcache.store.policy import TenantBytes, TenantOccupancy
 from vlmcache.store.ratelog import RateLimitedWarning
 
 logger = logging.getLogger(__name__)
@@ -55,6 +57,7 @@ class DiskStore:
         on_evict: EvictionListener | None = None,
         manifest_every: int = 64,
         protect_reused: bool = False,
+        tenant_quota_bytes: int = 0,
     ) -> None:
         if capacity_bytes < 0:
             raise ValueError(f"capacity_bytes must be >= 0, got {capacity_bytes}")
@@ -72,6 +75,7 @@ class DiskStore:
         self._index: OrderedDict[str, _Entry] = OrderedDict()
         self._listeners: list[EvictionListener] = [on_evict] if on_evict is not None else []
         self._occupancy = 0
+        self._tenants = TenantBytes(tenant_quota_bytes)
         self._clock = 0.0
         self._hits = self._misses = self._evictions = self._errors = 0
         self._bytes_read = self._bytes_written = self._puts_since_flush = 0
@@ -117,28 +121,32 @@ class DiskStore:
         with self._lock:
             entry = self._index.get(key)
         try:
-            tensors, sha, nbytes = _read_chunk(key, path)
+            tensors, sha, nbytes, tenant = _read_chunk(key, path)
         except FileNotFoundError:
             return self._missing(key, entry)
         except _ChunkFault as fault:
             return self._fault(key, path, entry, str(fault))
         except OSError as exc:
             return self._fault(key, path, entry, f"I/O error: {exc}")
-        self._accept(key, entry, sha, nbytes)
+        self._accept(key, entry, sha, nbytes, tenant)
         return tensors
 
-    def put(self, key: str, tensors: Tensors) -> bool:
-        """Write the chunk atomically, evicting LRU chunks; ``False`` if too large or on faults."""
+    def put(self, key: str, tensors: Tensors, *, tenant: str | None = None) -> bool:
+        """Write the chunk atomically for ``tenant`` (its bytes count against the tenant's
+        quota), evicting as the policy says; ``False`` if too large or on faults."""
         path = self.path_for(key)
+        tenant = tenant_label(tenant)  # hostile names stay one short ASCII label
         nbytes = tensors_nbytes(tensors)
-        if nbytes > self.capacity_bytes:
-            logger.debug("%s: chunk %s (%d B) exceeds capacity", self.name, key, nbytes)
+        if not self._tenants.fits(nbytes, self.capacity_bytes):
+            logger.debug("%s: chunk %s (%d B) exceeds capacity or quota", self.name, key, nbytes)
             return False
         copies = snapshot_tensors(tensors)
         sha = chunk_checksum(copies)
         if self._touch_if_unchanged(key, sha, path):
             return True
         meta = {"vlmcache_format": FORMAT_VERSION, "key": key, "sha256": sha}
+        if tenant is not None:
+            meta[TENANT_META] = tenant
         data = safetensors.torch.save(copies, metadata=meta)
         tmp = _tmp_path(path.parent, key)
         try:
@@ -147,15 +155,13 @@ class DiskStore:
         except OSError as exc:
             _unlink_quiet(tmp)
             return self._put_failed(key, exc)
-        return self._commit(key, tmp, path, nbytes, sha)
+        return self._commit(key, tmp, path, nbytes, sha, tenant)
 
     def delete(self, key: str) -> bool:
         """Drop ``key`` and its file (listeners are not called); ``True`` when it was there."""
         path = self.path_for(key)
         with self._lock, self._ledger.locked() as led:
-            entry = self._index.pop(key, None)
-            if entry is not None:
-                self._occupancy -= entry.nbytes
+            entry = self._unindex_locked(key)
             size = entry.nbytes if entry is not None else _size_or_none(path, key)
             removed = _unlink_quiet(path)
             self._uncount_locked(led, (size or 0) if removed else 0, size is None and removed)
@@ -165,6 +171,11 @@ class DiskStore:
         """Indexed keys, least recently used first."""
         with self._lock:
             return list(self._index)
+
+    def tenant_occupancy(self) -> list[TenantOccupancy]:
+        """Per-tenant entries, bytes and evictions of the chunks this store indexes."""
+        with self._lock:
+            return self._tenants.snapshot()
 
     def shared_occupancy(self) -> int | None:
         """Payload bytes under ``root`` by every process's count (``None``: must be recounted)."""
@@ -193,8 +204,7 @@ class DiskStore:
             self._misses += 1
             if entry is None or self._index.get(key) is not entry:
                 return None
-            del self._index[key]
-            self._occupancy -= entry.nbytes
+            self._unindex_locked(key)
         logger.info("%s: chunk %s was removed by another store on this root", self.name, key)
         return None
 
@@ -206,14 +216,14 @@ class DiskStore:
             self._errors += 1
             if self._index.get(key) is entry:
                 if entry is not None:
-                    del self._index[key]
-                    self._occupancy -= entry.nbytes
+                    self._unindex_locked(key)
                 removed = _unlink_quiet(path)
                 size = entry.nbytes if entry is not None else None
                 self._uncount_locked(led, (size or 0) if removed else 0, size is None and removed)
         return None
 
-    def _accept(self, key: str, entry: _Entry | None, sha: str, nbytes: int) -> None:
+    def _accept(self, key: str, entry: _Entry | None, sha: str, nbytes: int,
+                tenant: str | None) -> None:
         """Count a verified read; touch its entry, or adopt a file another store wrote."""
         with self._lock:
             self._hits += 1
@@ -226,12 +236,10 @@ class DiskStore:
                 current.reused = True
                 self._index.move_to_end(key)
                 return
-            old = self._index.pop(key, None)
-            if old is not None:
-                self._occupancy -= old.nbytes
+            self._unindex_locked(key)
             if nbytes <= self.capacity_bytes:  # another store counted it in the ledger already
-                self._index[key] = _Entry(nbytes, sha, self._stamp_locked())
-                self._occupancy += nbytes
+                self._index_locked(key, _Entry(nbytes, sha, self._stamp_locked(),
+                                               tenant=tenant))
 
     def _touch_if_unchanged(self, key: str, sha: str, path: Path) -> bool:
         """Skip rewriting an indexed chunk with identical content; just mark it used."""
@@ -243,7 +251,8 @@ class DiskStore:
             self._index.move_to_end(key)
             return True
 
-    def _commit(self, key: str, tmp: Path, path: Path, nbytes: int, sha: str) -> bool:
+    def _commit(self, key: str, tmp: Path, path: Path, nbytes: int, sha: str,
+                tenant: str | None) -> bool:
         """Move a written temp file into place, count it and evict until the root fits."""
         try:
             with self._lock, self._ledger.locked() as led:
@@ -253,7 +262,7 @@ class DiskStore:
                 os.replace(tmp, path)  # the only call here that can raise OSError
                 led.total = (led.total or 0) + nbytes - (prior or 0)
                 self._recount_due |= prior is None
-                evicted = self._insert_locked(led, key, nbytes, sha)
+                evicted = self._insert_locked(led, key, nbytes, sha, tenant)
                 self._bytes_written += nbytes
                 self._puts_since_flush += 1
                 flush = self._puts_since_flush >= self.manifest_every
@@ -273,20 +282,29 @@ class DiskStore:
             self._errors += 1
         return False
 
-    def _insert_locked(self, led: LedgerView, key: str, nbytes: int, sha: str) -> list[str]:
+    def _insert_locked(self, led: LedgerView, key: str, nbytes: int, sha: str,
+                       tenant: str | None) -> list[str]:
         """(Re)index ``key`` (already on disk and counted) as most recently used, evicting."""
-        old = self._index.pop(key, None)
-        if old is not None:
-            self._occupancy -= old.nbytes
-        evicted = self._evict_locked(led, nbytes)
-        recounted = self._index.pop(key, None)  # a recount while evicting indexes the new file
-        if recounted is not None:
-            self._occupancy -= recounted.nbytes
-        self._index[key] = _Entry(nbytes, sha, self._stamp_locked())
-        self._occupancy += nbytes
+        self._unindex_locked(key)
+        evicted = self._evict_locked(led, nbytes, tenant)
+        self._unindex_locked(key)  # a recount while evicting indexes the new file
+        self._index_locked(key, _Entry(nbytes, sha, self._stamp_locked(), tenant=tenant))
         return evicted
 
-    def _evict_locked(self, led: LedgerView, incoming: int) -> list[str]:
+    def _index_locked(self, key: str, entry: _Entry) -> None:
+        self._index[key] = entry
+        self._occupancy += entry.nbytes
+        self._tenants.add(entry.tenant, entry.nbytes)
+
+    def _unindex_locked(self, key: str) -> _Entry | None:
+        entry = self._index.pop(key, None)
+        if entry is not None:
+            self._occupancy -= entry.nbytes
+            self._tenants.remove(entry.tenant, entry.nbytes)
+        return entry
+
+    def _evict_locked(self, led: LedgerView, incoming: int,
+                      tenant: str | None = None) -> list[str]:
         """Evict LRU chunks until the root's total and this index (+ ``incoming``) fit.
 
         With ``protect_reused``, the least recently used chunk never hit is evicted first
@@ -305,23 +323,32 @@ class DiskStore:
                 self._recount_locked(led, {})
                 recounted = True
                 continue
-            key = self._victim_locked()
-            entry = self._index.pop(key)
-            self._occupancy -= entry.nbytes
+            key = self._victim_locked(tenant, incoming)
+            entry = self._unindex_locked(key)
+            assert entry is not None
+            self._tenants.evicted(entry.tenant)
             self._evictions += 1
             removed = _unlink_quiet(self._chunks / key[:2] / f"{key}{SUFFIX}")
             self._uncount_locked(led, entry.nbytes if removed else 0, False)
             evicted.append(key)
         return evicted
 
-    def _victim_locked(self) -> str:
-        if self.protect_reused:
-            for i, (key, entry) in enumerate(self._index.items()):
-                if not entry.reused:
-                    return key
-                if i >= _REUSE_WINDOW:
-                    break
-        return next(iter(self._index))
+    def _victim_locked(self, tenant: str | None, incoming: int) -> str:
+        """The least recently used chunk (never-reused first with ``protect_reused``) of the
+        tenant furthest above its quota (counting ``incoming`` bytes of ``tenant``), else of
+        anyone: a tenant within its quota is never evicted by another's churn."""
+        over = self._tenants.most_over_quota(tenant, incoming)
+        first, scanned = None, 0
+        for key, entry in self._index.items():
+            if over is not None and entry.tenant != over:
+                continue
+            first = first or key
+            if not self.protect_reused or not entry.reused:
+                return key
+            scanned += 1
+            if scanned >= _REUSE_WINDOW:
+                break
+        return first or next(iter(self._index))
 
     def _over_locked(self, led: LedgerView, incoming: int) -> bool:
         return ((led.total or 0) > self.capacity_bytes
@@ -359,7 +386,7 @@ class DiskStore:
         """Index entry of a chunk file: bytes and sha256 from the file, never from a manifest."""
         path = self.path_for(key)
         try:
-            nbytes, sha = file_entry(path, key)
+            nbytes, sha, tenant = file_facts(path, key)
             stamp = last_used if last_used is not None else os.lstat(path).st_mtime
         except _ChunkFault as fault:
             logger.warning("%s: chunk %s is unusable (%s); deleting it", self.name, key, fault)
@@ -369,7 +396,7 @@ class DiskStore:
         except OSError as exc:
             logger.warning("%s: skipping unreadable chunk %s: %s", self.name, key, exc)
             return None
-        return _Entry(nbytes, sha, stamp)
+        return _Entry(nbytes, sha, stamp, tenant=tenant)
 
     def _recount_locked(self, led: LedgerView, last_used: dict[str, float]) -> None:
         """Rebuild the index and the root's counter from a scan of the chunk files."""
@@ -382,10 +409,11 @@ class DiskStore:
                 entries.append((key, entry))
         entries.sort(key=lambda item: item[1].last_used)
         self._index.clear()
+        self._occupancy = 0
+        self._tenants.clear()
         for key, entry in entries:
-            self._index[key] = entry
+            self._index_locked(key, entry)
             self._clock = max(self._clock, entry.last_used)
-        self._occupancy = sum(entry.nbytes for _, entry in entries)
         led.total = self._occupancy
         self._recount_due = False
 

@@ -15,7 +15,7 @@ from typing import Callable
 from vlmcache.config import VlmCacheConfig
 from vlmcache.store.disk import DiskStore
 from vlmcache.store.memory import MemoryStore
-from vlmcache.store.policy import memory_policy
+from vlmcache.store.policy import memory_policy, tenant_quota_bytes
 from vlmcache.store.tiered import TieredStore
 from vlmcache.store.redis_tiered import RedisBackedStore, with_redis  # issue 14B
 
@@ -38,8 +38,7 @@ def open_kv_store(config: VlmCacheConfig) -> TieredStore:
                          policy=memory_policy(config, config.memory_budget))
     if config.disk_budget == 0:
         return TieredStore(memory, None, name="kv")
-    disk = DiskStore(kv_store_dir(config), config.disk_budget, name="disk",
-                     protect_reused=config.eviction == "reuse")
+    disk = _disk(config, kv_store_dir(config), config.disk_budget, "disk")
     behind = (min(config.memory_budget, config.disk_write_queue)
               if config.disk_write == "async" else 0)
     return TieredStore(memory, disk, name="kv", write_behind_bytes=behind,
@@ -50,7 +49,7 @@ def open_kv_store(config: VlmCacheConfig) -> TieredStore:
 def open_persistent_kv_store(config: VlmCacheConfig) -> DiskStore | RedisBackedStore:
     """The persistent KV tier's chunk store (one per engine, beside its scheduler): the
     memory tier is vLLM's CPU offload region, sized by ``memory_budget``."""
-    disk = DiskStore(kv_store_dir(config), config.disk_budget, name="kv-disk")
+    disk = _disk(config, kv_store_dir(config), config.disk_budget, "kv-disk")
     return with_redis(config, disk, "kv")  # issue 14B: Redis behind the disk, if set
 
 
@@ -58,14 +57,20 @@ def open_encoder_store(config: VlmCacheConfig) -> TieredStore | RedisBackedStore
     """A new memory-over-disk store for encoder outputs with ``config``'s budgets."""
     memory = MemoryStore(config.encoder_memory_budget, name="encoder-memory",
                          policy=memory_policy(config, config.encoder_memory_budget))
-    disk = DiskStore(config.store_dir / "encoder", config.encoder_disk_budget,
-                     name="encoder-disk", protect_reused=config.eviction == "reuse")
+    disk = _disk(config, config.store_dir / "encoder", config.encoder_disk_budget,
+                 "encoder-disk")
     behind = (min(ENCODER_WRITE_BEHIND_BYTES, config.disk_write_queue)
               if config.disk_write == "async" else 0)
     store = TieredStore(memory, disk, name="encoder", write_behind_bytes=behind,
                         disk_admission=config.admission_disk,
                         ghost_entries=config.admission_ghost_entries)
     return with_redis(config, store, "encoder")  # issue 14B: Redis behind, if set
+
+
+def _disk(config: VlmCacheConfig, root: Path, budget: int, name: str) -> DiskStore:
+    """A disk tier with ``config``'s eviction (reuse-favouring or LRU) and tenant quota."""
+    return DiskStore(root, budget, name=name, protect_reused=config.eviction == "reuse",
+                     tenant_quota_bytes=tenant_quota_bytes(config, budget))
 
 
 def _shared(root: Path, open_store: Callable[[], TieredStore]) -> TieredStore:

@@ -292,6 +292,75 @@ class TenantLedger:
                 return
 
 
+@dataclass(frozen=True)
+class TenantOccupancy:
+    """One tenant's share of a store that keeps its own eviction order (the disk tier)."""
+
+    tenant: Tenant
+    entries: int
+    occupancy_bytes: int
+    evictions: int
+
+
+class TenantBytes:
+    """Per-tenant bytes of a store with its own LRU order, for quotas (caller locks).
+
+    ``quota``: bytes each tenant is guaranteed (0: none); victims then come from the tenant
+    furthest above it, as in :class:`TenantLedger`.
+    """
+
+    def __init__(self, quota: int) -> None:
+        if quota < 0:
+            raise ValueError(f"tenant quota must be >= 0, got {quota}")
+        self.quota = quota
+        self._bytes: dict[Tenant, int] = {}
+        self._entries: dict[Tenant, int] = {}
+        self._evictions: dict[Tenant, int] = {}
+
+    def fits(self, nbytes: int, capacity: int) -> bool:
+        return nbytes <= capacity and (not self.quota or nbytes <= self.quota)
+
+    def add(self, tenant: Tenant, nbytes: int) -> None:
+        self._bytes[tenant] = self._bytes.get(tenant, 0) + nbytes
+        self._entries[tenant] = self._entries.get(tenant, 0) + 1
+
+    def remove(self, tenant: Tenant, nbytes: int) -> None:
+        left = self._entries.get(tenant, 0) - 1
+        if left <= 0:
+            self._bytes.pop(tenant, None)
+            self._entries.pop(tenant, None)
+        else:
+            self._entries[tenant] = left
+            self._bytes[tenant] -= nbytes
+
+    def evicted(self, tenant: Tenant) -> None:
+        if tenant in self._evictions or len(self._evictions) < MAX_TRACKED_TENANTS:
+            self._evictions[tenant] = self._evictions.get(tenant, 0) + 1
+
+    def clear(self) -> None:
+        """Forget occupancy (before a recount); eviction counts stay."""
+        self._bytes.clear()
+        self._entries.clear()
+
+    def most_over_quota(self, incoming: Tenant, nbytes: int) -> Tenant | None:
+        """The tenant furthest above its quota (counting the incoming chunk), if any."""
+        if not self.quota:
+            return None
+        worst, excess = None, 0
+        for tenant, used in self._bytes.items():
+            used += nbytes if tenant == incoming else 0
+            if used - self.quota > excess:
+                worst, excess = tenant, used - self.quota
+        if incoming not in self._bytes and nbytes - self.quota > excess:
+            worst = incoming
+        return worst
+
+    def snapshot(self) -> list[TenantOccupancy]:
+        tenants = list(self._bytes) + [t for t in self._evictions if t not in self._bytes]
+        return [TenantOccupancy(t, self._entries.get(t, 0), self._bytes.get(t, 0),
+                                self._evictions.get(t, 0)) for t in tenants]
+
+
 def _oldest(segments: _Segments) -> str | None:
     for order in (segments.probation, segments.protected):
         for key in order:
@@ -299,9 +368,14 @@ def _oldest(segments: _Segments) -> str | None:
     return None
 
 
+def tenant_quota_bytes(config: "VlmCacheConfig", budget: int) -> int:
+    """Each tenant's guaranteed bytes of a tier of ``budget`` bytes (0: no quota)."""
+    return 0 if config.tenant_quota >= 1.0 else max(1, int(config.tenant_quota * budget))
+
+
 def memory_policy(config: "VlmCacheConfig", budget: int) -> TierPolicy:
     """The memory tier policy ``config`` asks for, for a tier of ``budget`` bytes."""
-    quota = 0 if config.tenant_quota >= 1.0 else max(1, int(config.tenant_quota * budget))
+    quota = tenant_quota_bytes(config, budget)
     return TierPolicy(tenant_quota_bytes=quota, admission=config.admission_memory,
                       ghost_entries=config.admission_ghost_entries,
                       protect_reused=config.eviction == "reuse")

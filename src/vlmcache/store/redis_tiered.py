@@ -83,9 +83,11 @@ class RedisBackedStore:
                 self._bytes_read += tensors_nbytes(tensors)
         return tensors
 
-    def put(self, key: str, tensors: Tensors, *, owned: bool = False) -> bool:
-        """Local tiers now, Redis behind the caller; ``True`` if either took it."""
-        kept = self._front_put(key, tensors, owned)
+    def put(self, key: str, tensors: Tensors, *, owned: bool = False,
+            tenant: str | None = None) -> bool:
+        """Local tiers now (charged to ``tenant``), Redis behind the caller; ``True`` if
+        either took it."""
+        kept = self._front_put(key, tensors, owned, tenant)
         queued = self.writer.submit(key, tensors, owned=owned) if self.writer else (
             self.redis.put(key, tensors))
         if kept or queued:
@@ -155,16 +157,17 @@ class RedisBackedStore:
         tensors = self.redis.get(key)
         if tensors is None:
             return None
-        self._front_put(key, tensors, True)  # freshly decoded: nobody else holds them
+        self._front_put(key, tensors, True, None)  # freshly decoded: nobody else holds them
         with self._lock:
             self._redis_hits += 1
         return tensors
 
 
-    def _front_put(self, key: str, tensors: Tensors, owned: bool) -> bool:
+    def _front_put(self, key: str, tensors: Tensors, owned: bool, tenant: str | None) -> bool:
         if self._owned_puts:
-            return bool(self.front.put(key, tensors, owned=owned))  # type: ignore[call-arg]
-        return bool(self.front.put(key, tensors))
+            return bool(self.front.put(key, tensors, owned=owned,  # type: ignore[call-arg]
+                                       tenant=tenant))
+        return bool(self.front.put(key, tensors, tenant=tenant))  # type: ignore[call-arg]
 
 
 def recompute_gate(prefill_tokens_per_s: Callable[[], float], tokens_per_chunk: int,

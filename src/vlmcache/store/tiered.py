@@ -114,9 +114,9 @@ class TieredStore:
         kept = self.memory.put(key, tensors, owned=owned, tenant=tenant)
         if self.disk is not None and self._disk_admits(key):
             if self.writer is not None:
-                kept = self.writer.submit(key, tensors) or kept
+                kept = self.writer.submit(key, tensors, tenant) or kept
             else:
-                kept = self.disk.put(key, tensors) or kept
+                kept = self.disk.put(key, tensors, tenant=tenant) or kept
         if kept:
             with self._lock:
                 self._bytes_written += tensors_nbytes(tensors)

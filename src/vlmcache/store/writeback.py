@@ -64,8 +64,9 @@ class WriteBehind:
                                         daemon=True)
         self._thread.start()
 
-    def submit(self, key: str, tensors: Tensors) -> bool:
-        """Queue a write; ``False`` if the pending budget is full (counted, rate-limited log)."""
+    def submit(self, key: str, tensors: Tensors, tenant: str | None = None) -> bool:
+        """Queue a write (charged to ``tenant``); ``False`` if the pending budget is full
+        (counted, rate-limited log)."""
         size = tensors_nbytes(tensors)
         with self._lock:
             full = self._pending_bytes + size > self._max_pending
@@ -79,7 +80,7 @@ class WriteBehind:
         if full:
             self._drop_log.event(f"{pending} bytes pending, chunk {key[:16]} not written to disk")
             return False
-        self._queue.put((key, dict(tensors), size))
+        self._queue.put((key, dict(tensors), size, tenant))
         return True
 
     def stats(self) -> WriteBehindStats:
@@ -110,10 +111,10 @@ class WriteBehind:
             finally:
                 self._queue.task_done()
 
-    def _write(self, key: str, tensors: Tensors, size: int) -> None:
+    def _write(self, key: str, tensors: Tensors, size: int, tenant: str | None) -> None:
         ok = False
         try:
-            ok = self._disk.put(key, tensors)
+            ok = self._disk.put(key, tensors, tenant=tenant)
         except Exception:  # the writer must outlive any one bad chunk
             logger.debug("disk write-behind failed for %s", key[:16], exc_info=True)
         with self._lock:

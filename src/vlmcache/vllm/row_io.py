@@ -36,7 +36,7 @@ class RowStore(Protocol):
 
     def get(self, key: str) -> dict[str, torch.Tensor] | None: ...
 
-    def put(self, key: str, tensors: Tensors) -> bool: ...
+    def put(self, key: str, tensors: Tensors, *, tenant: str | None = None) -> bool: ...
 
     def close(self) -> None: ...
 
@@ -164,9 +164,7 @@ class RowMover:
         if self._store.contains(key):
             return 0
         tensors = {TENSOR_NAME: torch.from_numpy(self._rows[row])}
-        stored = (self._store.put(key, tensors) if tenant is None
-                  else self._store.put(key, tensors, tenant=tenant))  # type: ignore[call-arg]
-        return self.row_bytes if stored else -1
+        return self.row_bytes if self._store.put(key, tensors, tenant=tenant) else -1
 
     def _load_all(self, job: RowJob) -> tuple[bool, int, int]:
         self._meter.begin()
