@@ -47,13 +47,15 @@ def main() -> None:
     put_replicas(args.out, entry)
 
 
-def put_replicas(out: Path, entry: dict[str, object]) -> None:
-    """Set ``replicas`` in ``out`` under the lock the fault-suite writers use (no lost update)."""
+def put_replicas(out: Path, entry: dict[str, object], key: str = "replicas_cachedllm") -> None:
+    """Set ``key`` in ``out`` under the lock the fault-suite writers use (no lost update).
+    ``replicas`` is the two-server HTTP run (benchmarks/replicas_http.py); this CachedLLM
+    run is kept beside it."""
     out.parent.mkdir(parents=True, exist_ok=True)
     with open(Path(tempfile.gettempdir()) / "vlmcache-reliability-json.lock", "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         data = json.loads(out.read_text()) if out.is_file() else {}
-        data["replicas"] = entry
+        data[key] = entry
         tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
         tmp.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n")
         os.replace(tmp, out)

@@ -57,3 +57,28 @@ def test_placeholder_comes_from_the_model_files(tmp_path):
         {"added_tokens_decoder": {"7": {"content": "<|image_pad|>"}}}))
     assert model_image_placeholder(str(tmp_path)) == "<|image_pad|>"
     assert model_image_placeholder(str(tmp_path / "missing")) == "<image>"
+
+
+class RecordingEngine:
+    """Records the sampling parameters of each prompt and answers with empty outputs."""
+
+    def __init__(self) -> None:
+        self.params: list = []
+
+    def generate(self, prompts, params, use_tqdm=False):
+        from types import SimpleNamespace
+
+        self.params = list(params)
+        return [SimpleNamespace(request_id=str(i), prompt_token_ids=[1, 2], outputs=[],
+                                kv_transfer_params=None, num_cached_tokens=0, metrics=None)
+                for i in range(len(prompts))]
+
+
+def test_each_request_carries_its_own_tenant_to_the_kv_tier(tmp_path):
+    engine = RecordingEngine()
+    config = VlmCacheConfig(store_path=str(tmp_path / "s"), model_revision="r1")
+    llm = CachedLLM(str(tmp_path), config, engine=engine)
+    llm.generate([VlmRequest("USER: <image>\nWhat? ASSISTANT:", (IMG,), tenant="acme"),
+                  VlmRequest("USER: <image>\nWhat? ASSISTANT:", (IMG,))])
+    ours = [p.extra_args["kv_transfer_params"]["vlmcache"] for p in engine.params]
+    assert ours == [{"bypass": False, "tenant": "acme"}, {"bypass": False}]

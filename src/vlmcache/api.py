@@ -173,7 +173,8 @@ class CachedLLM:
             return []
         hashes = [tuple(image_content_hash(im) for im in r.images) for r in reqs]
         resolved = [self._resolve(r, h, bypass) for r, h in zip(reqs, hashes)]
-        params = _with_transfer_params(sampling_params or SamplingParams(), bypass)
+        params = [_with_transfer_params(sampling_params or SamplingParams(), bypass, r.tenant)
+                  for r in reqs]
         prompts = [self._vllm_prompt(r, res, h) for r, res, h in zip(reqs, resolved, hashes)]
         start = time.perf_counter()
         outputs = self.llm.generate(prompts, params, use_tqdm=False)
@@ -268,10 +269,15 @@ def _as_config(config: VlmCacheConfig | Mapping[str, object] | str | Path | None
     return VlmCacheConfig.from_dict(config)
 
 
-def _with_transfer_params(params: Any, bypass: bool) -> Any:
+def _with_transfer_params(params: Any, bypass: bool, tenant: str | None) -> Any:
+    """A copy of ``params`` carrying vlmcache's per-request KV parameters (the KV tier
+    charges stored chunks to ``tenant``)."""
     params = copy.deepcopy(params)
     extra = dict(params.extra_args or {})
-    extra["kv_transfer_params"] = {"vlmcache": {"bypass": bypass}}
+    ours: dict[str, Any] = {"bypass": bypass}
+    if tenant is not None:
+        ours["tenant"] = tenant
+    extra["kv_transfer_params"] = {"vlmcache": ours}
     params.extra_args = extra
     return params
 

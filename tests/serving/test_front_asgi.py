@@ -132,6 +132,16 @@ def test_tenants_never_share_an_entry_or_an_image_identity(rig):
     assert uuid_a.startswith("vlmc-") and uuid_b.startswith("vlmc-") and uuid_a != uuid_b
 
 
+def test_the_tenant_reaches_the_kv_tier_and_a_client_cannot_claim_another(rig):
+    sent = chat("What is shown?", image(1), tenant="A")
+    sent["kv_transfer_params"] = {"vlmcache": {"tenant": "B", "bypass": False}, "other": 1}
+    rig.post(sent)
+    params = rig.engine.bodies[-1]["kv_transfer_params"]
+    assert params == {"vlmcache": {"bypass": False, "tenant": "A"}, "other": 1}
+    rig.post(chat("What else?", image(2)))  # no tenant: nothing charged to anyone
+    assert "tenant" not in rig.engine.bodies[-1]["kv_transfer_params"]["vlmcache"]
+
+
 def test_a_client_uuid_is_replaced_by_a_pixel_derived_identity(rig):
     """The shared-uuid attack: two images under one client uuid get two identities."""
     def body(seed, tenant):

@@ -10,6 +10,7 @@ B = image_uuid("", "tenant-a", "b" * 64)
 class Store:
     def __init__(self):
         self.data = {}
+        self.tenants = {}
 
     def contains(self, key):
         return key in self.data
@@ -20,8 +21,9 @@ class Store:
     def get(self, key):
         return self.data.get(key)
 
-    def put(self, key, tensors):
+    def put(self, key, tensors, tenant=None):
         self.data[key] = dict(tensors)
+        self.tenants[key] = tenant
         return True
 
 
@@ -29,9 +31,10 @@ def test_save_then_plan_and_load_in_another_engine():
     store = Store()
     saver = EncoderTransfer(store, "ns", "cpu")
     output = torch.randn(256, 128)
-    saver.save({A: output}, A)
-    saver.save({A: output}, A)  # already stored: not rewritten
+    saver.save({A: output}, A, "tenant-a")
+    saver.save({A: output}, A, "tenant-a")  # already stored: not rewritten
     assert saver.saved == 1
+    assert list(store.tenants.values()) == ["tenant-a"]  # charged to the tenant that asked
     planner = EncoderPlanner("ns", store.ensure_in_memory)
     assert planner.has(A) and not planner.has(B)
     assert not EncoderPlanner("other-ns", store.ensure_in_memory).has(A)

@@ -54,6 +54,19 @@ def test_other_tenant_runs_the_encoder(cached_llm, baseline):
     assert out.token_ids == baseline[("alt", 4)]["token_ids"]
 
 
+def test_stored_outputs_and_kv_are_charged_to_the_tenant_that_asked(cached_llm, store_dir):
+    from vlmcache.store.chunkfile import file_facts
+
+    cached_llm.generate([make_request(12, tenant="charged")], greedy())
+
+    def tenants(sub: str) -> set:
+        return {file_facts(p, p.name.split(".")[0])[2]
+                for p in (store_dir / sub / "chunks").rglob("*.safetensors")}
+
+    assert "charged" in tenants("encoder")
+    assert "charged" in tenants("kv")
+
+
 def test_unseen_image_runs_encoder(cached_llm, baseline):
     before = encoder_calls(cached_llm)
     out = cached_llm.generate([make_request(11)], greedy())[0]

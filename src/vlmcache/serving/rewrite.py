@@ -36,11 +36,19 @@ def rewrite_body(req: ParsedRequest, res: Resolution | None,
     body.pop("cache_salt", None)
     if req.tenant is not None:
         body["cache_salt"] = tenant_cache_salt(config.tenant_salt, req.tenant)
-    if req.options.bypass:
-        params = dict(body.get("kv_transfer_params") or {})
-        params["vlmcache"] = {**dict(params.get("vlmcache") or {}), "bypass": True}
-        body["kv_transfer_params"] = params
+    body["kv_transfer_params"] = _transfer_params(body.get("kv_transfer_params"), req)
     return body
+
+
+def _transfer_params(sent: object, req: ParsedRequest) -> dict[str, Any]:
+    """``kv_transfer_params`` for vLLM: the client's other keys, and a ``vlmcache`` entry
+    that is ours alone (a client cannot charge its bytes to another tenant)."""
+    params = dict(sent) if isinstance(sent, dict) else {}
+    ours: dict[str, Any] = {"bypass": req.options.bypass}
+    if req.tenant is not None:
+        ours["tenant"] = req.tenant
+    params["vlmcache"] = ours
+    return params
 
 
 def _rewrite_text(body: dict[str, Any], req: ParsedRequest, res: Resolution) -> None:

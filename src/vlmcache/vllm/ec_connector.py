@@ -36,9 +36,19 @@ PARAMS_KEY = "vlmcache"
 
 @dataclass
 class VlmCacheECMetadata(ECConnectorMetadata):
-    """Encoder outputs the workers load this step."""
+    """Encoder outputs the workers load this step, and the tenant of each image identity
+    allocated this step (so a saved output is charged to the tenant that asked)."""
 
     loads: tuple[EncoderLoad, ...]
+    tenants: tuple[tuple[str, str], ...] = ()
+
+
+def request_tenant(request: Any) -> str | None:
+    """The tenant the serving front put in the request's ``kv_transfer_params``."""
+    params = getattr(request, "kv_transfer_params", None) or {}
+    ours = params.get(PARAMS_KEY) if isinstance(params, dict) else None
+    tenant = ours.get("tenant") if isinstance(ours, dict) else None
+    return tenant if isinstance(tenant, str) else None
 
 
 class VlmCacheECConnector(ECConnectorBase):
@@ -54,6 +64,7 @@ class VlmCacheECConnector(ECConnectorBase):
                                        self._config.enable_encoder_cache)
         device = vllm_config.ec_transfer_config.ec_buffer_device or "cpu"
         self._transfer = EncoderTransfer(self._store, namespace.digest, device)
+        self._step_tenants: dict[str, str] = {}
 
     # ---- worker side -------------------------------------------------------------------
 
@@ -64,7 +75,9 @@ class VlmCacheECConnector(ECConnectorBase):
 
     def save_caches(self, encoder_cache: dict[str, Any], mm_hash: str, **kwargs: Any) -> None:
         if self._config.enable_encoder_cache:
-            self._transfer.save(encoder_cache, mm_hash)
+            meta = getattr(self, "_connector_metadata", None)  # bound for this step
+            tenants = dict(meta.tenants) if isinstance(meta, VlmCacheECMetadata) else {}
+            self._transfer.save(encoder_cache, mm_hash, tenants.get(mm_hash))
 
     def shutdown(self) -> None:
         self._store.flush()
@@ -76,6 +89,9 @@ class VlmCacheECConnector(ECConnectorBase):
 
     def update_state_after_alloc(self, request: "Request", index: int) -> None:
         feature = request.mm_features[index]
+        tenant = request_tenant(request)
+        if tenant is not None:
+            self._step_tenants[feature.identifier] = tenant
         self._planner.on_allocated(request.request_id, feature.identifier,
                                    request.get_num_encoder_embeds(index))
 
@@ -83,7 +99,8 @@ class VlmCacheECConnector(ECConnectorBase):
         computed = getattr(scheduler_output, "scheduled_encoder_inputs", None) or {}
         for request_id, input_ids in computed.items():
             self._planner.on_computed(request_id, list(input_ids))
-        return VlmCacheECMetadata(loads=self._planner.take_loads())
+        tenants, self._step_tenants = tuple(self._step_tenants.items()), {}
+        return VlmCacheECMetadata(loads=self._planner.take_loads(), tenants=tenants)
 
     def request_finished(self, request: "Request") -> tuple[bool, dict[str, Any] | None]:
         items = self._planner.finish(request.request_id, len(request.mm_features or []))

@@ -40,7 +40,8 @@ class EncoderStore(Protocol):
 
     def get(self, key: str) -> dict[str, torch.Tensor] | None: ...
 
-    def put(self, key: str, tensors: Mapping[str, torch.Tensor]) -> bool: ...
+    def put(self, key: str, tensors: Mapping[str, torch.Tensor], *,
+            tenant: str | None = None) -> bool: ...
 
 
 @dataclass
@@ -118,7 +119,9 @@ class EncoderTransfer:
             encoder_cache[item.identifier] = tensor.to(self.device)
             self.loaded += 1
 
-    def save(self, encoder_cache: Mapping[str, object], identifier: str) -> None:
+    def save(self, encoder_cache: Mapping[str, object], identifier: str,
+             tenant: str | None = None) -> None:
+        """Persist the output of a vlmcache-minted image identity, charged to ``tenant``."""
         if not is_minted_image_uuid(identifier):
             return  # not tenant-scoped (vLLM's own hash, or a client's): never persisted
         output = encoder_cache.get(identifier)
@@ -128,5 +131,6 @@ class EncoderTransfer:
         key = encoder_output_key(self.namespace_digest, identifier)
         if self.store.contains(key):
             return
-        if self.store.put(key, {TENSOR_NAME: output.detach().to("cpu").contiguous()}):
+        if self.store.put(key, {TENSOR_NAME: output.detach().to("cpu").contiguous()},
+                          tenant=tenant):
             self.saved += 1
