@@ -314,12 +314,17 @@ def _image_tier(config: Any, namespace_digest: str) -> ImageEmbeddingTier:
     from vlmcache.keys import image_content_hash
     from vlmcache.store.disk import DiskStore
     from vlmcache.store.memory import MemoryStore
+    from vlmcache.store.policy import memory_policy, tenant_quota_bytes
     from vlmcache.store.tiered import TieredStore
 
     budget = config.image_store_budget
-    memory = MemoryStore(max(1, min(budget // 4, 256 * 1024**2)), name="memory")
-    store = TieredStore(memory, DiskStore(config.store_dir / "images", budget, name="disk"),
-                        name="images")
+    memory_budget = max(1, min(budget // 4, 256 * 1024**2))
+    memory = MemoryStore(memory_budget, name="memory",
+                         policy=memory_policy(config, memory_budget))
+    disk = DiskStore(config.store_dir / "images", budget, name="disk",
+                     protect_reused=config.eviction == "reuse",
+                     tenant_quota_bytes=tenant_quota_bytes(config, budget))
+    store = TieredStore(memory, disk, name="images")
     inner = make_image_embedder(config.image_embedder, config.image_embedder_path,
                                 config.image_embedder_dim)
     path = config.store_dir / "image_index" / f"{namespace_digest[:24]}.{inner.name}"

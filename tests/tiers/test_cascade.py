@@ -171,3 +171,20 @@ def test_best_candidates_with_real_tiers_have_no_side_effects(tmp_path):
     assert cascade.best_candidates(PROMPT, (hb,), "acme", images=(b,)).image_score is None
     assert len(image.index) == 1 and len(text.indexes[QUESTION_LAYER]) == 1
     assert text.thresholds == thresholds and text.gate and image.threshold == 0.99
+
+
+def test_canonical_images_are_charged_to_their_tenant_on_disk(tmp_path):
+    from vlmcache.cascade import build_cascade
+    from vlmcache.config import VlmCacheConfig
+    from vlmcache.keys import image_content_hash
+    from vlmcache.testing.tiny_llava import make_test_image
+
+    config = VlmCacheConfig(store_path=str(tmp_path), enable_image_embedding=True,
+                            enable_exact=False, tenant_quota=0.5)
+    cascade = build_cascade(config, "ab" * 32)
+    tier = cascade.image
+    image = make_test_image(3)
+    assert tier.record(image, image_content_hash(image), "acme")
+    disk = tier.store.disk
+    assert [(o.tenant, o.entries) for o in disk.tenant_occupancy()] == [("acme", 1)]
+    assert disk._tenants.quota == config.image_store_budget // 2 and disk.protect_reused

@@ -177,7 +177,7 @@ class ImageEmbeddingTier:
         key = image_store_key(self.namespace_digest, tenant, content_hash)
         if self.index.get(key) is not None:
             return True
-        if not self.store.put(key, image_to_tensors(image)):
+        if not self.store.put(key, image_to_tensors(image), tenant=tenant):
             logger.warning("image tier: canonical image %s not stored", content_hash[:12])
             return False
         vec = self.embedder.embed([image], [content_hash])[0]
