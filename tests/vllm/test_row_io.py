@@ -40,3 +40,17 @@ def test_a_job_naming_a_row_outside_the_region_fails_cleanly(tmp_path):
     mover = RowMover(DiskStore(tmp_path, 10**9), np.zeros((4, 16), dtype=np.uint8))
     out = mover.run(RowJob(3, "load", ("ab" * 32,), (99,)))
     assert not out.success and out.loaded == 0
+
+
+def test_second_sight_admission_writes_a_row_only_when_offered_again(tmp_path):
+    from vlmcache.store.policy import GhostFilter
+
+    store = DiskStore(tmp_path, 10**9)
+    src = np.arange(4 * 16, dtype=np.uint8).reshape(4, 16)
+    mover = RowMover(store, src, threads=2, admission=GhostFilter(64))
+    keys = ("ab" * 32, "cd" * 32)
+    first = mover.run(RowJob(1, "store", keys, (0, 1)))
+    assert first.success and first.nbytes == 0 and not store.contains(keys[0])
+    again = mover.run(RowJob(2, "store", keys, (0, 1)))
+    assert again.nbytes == 32 and store.contains(keys[0]) and store.contains(keys[1])
+    assert mover.not_admitted == 2

@@ -36,6 +36,7 @@ from typing import IO, TYPE_CHECKING, Callable, Protocol
 
 import numpy as np
 
+from vlmcache.store.policy import GhostFilter
 from vlmcache.vllm.row_io import JobOutcome, RowJob, RowMover, RowStore
 
 if TYPE_CHECKING:
@@ -91,6 +92,13 @@ class ThreadIO:
         self._mover.close()
 
 
+def admission_for(config: "VlmCacheConfig") -> GhostFilter | None:
+    """The persistent tier's write admission (``admission_disk``)."""
+    if config.admission_disk != "second_sight":
+        return None
+    return GhostFilter(config.admission_ghost_entries)
+
+
 def make_executor(config: "VlmCacheConfig", store: "RowStore", rows: np.ndarray,
                   region_fd: int | None, done: Done,
                   on_read: Callable[[int, float], None] | None = None) -> RowExecutor:
@@ -100,11 +108,12 @@ def make_executor(config: "VlmCacheConfig", store: "RowStore", rows: np.ndarray,
     each busy period of loads), for the cost model."""
     threads = config.kv_io_threads
     if config.disk_write == "sync":
-        return InlineIO(RowMover(store, rows, threads, on_read), done)
+        return InlineIO(RowMover(store, rows, threads, on_read, admission_for(config)), done)
     if region_fd is None:
         logger.warning("vlmcache KV tier: vLLM's CPU region has no file descriptor here: "
                        "the tier's I/O runs on threads of the engine process")
-        return ThreadIO(RowMover(store, rows, threads, on_read), done, threads)
+        return ThreadIO(RowMover(store, rows, threads, on_read, admission_for(config)), done,
+                        threads)
     start = ChildStart(config.to_dict(), region_fd, int(rows.shape[0]), int(rows.shape[1]),
                        threads)
     return ChildIO(start, done, on_read)
@@ -308,7 +317,8 @@ def _child_main() -> None:
     def read(nbytes: int, seconds: float) -> None:
         send(json.dumps({"read": {"nbytes": nbytes, "seconds": seconds}}))
 
-    mover = RowMover(store, rows, int(start["threads"]), on_read=read)
+    mover = RowMover(store, rows, int(start["threads"]), on_read=read,
+                     admission=admission_for(config))
     send(json.dumps({"ready": True}))
     probe = _probe(store, int(start["threads"]))
     if probe is not None:

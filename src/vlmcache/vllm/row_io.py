@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from vlmcache.store.base import Tensors
+from vlmcache.store.policy import GhostFilter
 
 logger = logging.getLogger(__name__)
 
@@ -120,16 +121,21 @@ class ReadMeter:
 
 class RowMover:
     """Runs :class:`RowJob` s between ``rows`` (a ``(n, row_bytes)`` uint8 view) and a store;
-    ``on_read(bytes, seconds)`` gets the read throughput of each busy period."""
+    ``on_read(bytes, seconds)`` gets the read throughput of each busy period; with
+    ``admission`` a row is written only the second time it is offered."""
 
     def __init__(self, store: RowStore, rows: np.ndarray, threads: int = 4,
-                 on_read: Callable[[int, float], None] | None = None) -> None:
+                 on_read: Callable[[int, float], None] | None = None,
+                 admission: GhostFilter | None = None) -> None:
         if rows.ndim != 2 or rows.dtype != np.uint8:
             raise ValueError("rows must be a 2-D uint8 array")
         self._store = store
         self._rows = rows
         self._pool = ThreadPoolExecutor(max(1, threads), "vlmcache-kv-row")
         self._meter = ReadMeter(on_read)
+        self._admission = admission  # second sight: a row is written when offered again
+        self._admission_lock = threading.Lock()
+        self.not_admitted = 0
 
     @property
     def row_bytes(self) -> int:
@@ -163,6 +169,11 @@ class RowMover:
         """Bytes written (0: already stored; -1: the store refused or failed)."""
         if self._store.contains(key):
             return 0
+        if self._admission is not None:
+            with self._admission_lock:
+                if not self._admission.second_sight(key):
+                    self.not_admitted += 1
+                    return 0
         tensors = {TENSOR_NAME: torch.from_numpy(self._rows[row])}
         return self.row_bytes if self._store.put(key, tensors, tenant=tenant) else -1
 
