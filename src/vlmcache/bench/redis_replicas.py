@@ -23,7 +23,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Callable
 
 MARK = "@@vlmcache-replica "
 REPORT_FIELDS = ("hit_tier", "prompt_tokens", "tokens_loaded", "tokens_from_prefix_cache",
@@ -121,6 +121,29 @@ class _Replica:
         self.log.close()
 
 
+Ask = Callable[[tuple[int, ...]], list[dict[str, Any]]]
+Tally = Callable[[str, list[dict[str, Any]], Any], Any]
+
+
+def three_steps(a: Ask, b: Ask, server: Any, tally: Tally, settle_s: float
+                ) -> tuple[int, int, int]:
+    """The three steps of the module docstring, for any two replicas (``a``/``b`` answer
+    seeds) and Redis server; ``tally(who, rows, first)`` counts rows (``first``: A's
+    answers, given for B). Returns (shared hits, of them after the restart, outage requests)."""
+    first = tally("A", a(PHASE_1), None)
+    time.sleep(settle_s)  # the replicators' sync interval and the writers' queues
+    shared = tally("B", b(PHASE_1), first)
+    server.kill()
+    for who, ask in (("A-outage", a), ("B-outage", b)):
+        tally(who, ask(OUTAGE), None)
+    server.start()
+    time.sleep(settle_s)  # the links' reconnect backoff
+    first = tally("A", a(PHASE_3), None)
+    time.sleep(settle_s)
+    after = tally("B", b(PHASE_3), first)
+    return shared + after, after, len(OUTAGE) * 2
+
+
 def run_replicas(model: str, work: Path, server: Any, settle_s: float = 1.5) -> ReplicaRun:
     """The three steps of the module docstring against ``server`` (a ``RedisServer``)."""
     a = _Replica(model, work / "store-a", server.url, work / "replica-a.log")
@@ -129,20 +152,9 @@ def run_replicas(model: str, work: Path, server: Any, settle_s: float = 1.5) -> 
     try:
         a.wait_ready()
         b.wait_ready()
-        first = _tally(res, "A", a.run(PHASE_1), None)
-        time.sleep(settle_s)  # the replicators' sync interval and the writers' queues
-        res.shared_hits += _tally(res, "B", b.run(PHASE_1), first)
-        server.kill()
-        res.outage_requests = len(OUTAGE) * 2
-        _tally(res, "A-outage", a.run(OUTAGE), None)
-        _tally(res, "B-outage", b.run(OUTAGE), None)
-        server.start()
-        time.sleep(settle_s)  # the links' reconnect backoff
-        first = _tally(res, "A", a.run(PHASE_3), None)
-        time.sleep(settle_s)
-        after = _tally(res, "B", b.run(PHASE_3), first)
-        res.shared_hits += after
-        res.shared_hits_after_restart = after
+        res.shared_hits, res.shared_hits_after_restart, res.outage_requests = three_steps(
+            a.run, b.run, server, lambda who, rows, first: _tally(res, who, rows, first),
+            settle_s)
     finally:
         a.quit()
         b.quit()

@@ -20,10 +20,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from vlmcache.bench.redis_replicas import three_steps
 from vlmcache.bench.serve_load import ServerProcess, data_url
 
 QUESTION = "What shape is in the image, and which colours does it have?"
-PHASE_1, OUTAGE, PHASE_3 = (0, 1, 2), (3, 4), (5, 6)
 TENANT = "acme"
 
 
@@ -81,20 +81,10 @@ def run_http_replicas(model: Path, work: Path, redis: Any, settle_s: float = 1.5
     try:
         a, b = (s.start() for s in servers)
         name = str(model)
-        first = _tally(res, "A", [ask(a.url, name, s) for s in PHASE_1], None)
-        time.sleep(settle_s)  # the replicators' sync interval and the writers' queues
-        res.shared_hits += _tally(res, "B", [ask(b.url, name, s) for s in PHASE_1], first)
-        redis.kill()
-        res.outage_requests = len(OUTAGE) * 2
-        for who, server in (("A-outage", a), ("B-outage", b)):
-            _tally(res, who, [ask(server.url, name, s) for s in OUTAGE], None)
-        redis.start()
-        time.sleep(settle_s)  # the links' reconnect backoff
-        first = _tally(res, "A", [ask(a.url, name, s) for s in PHASE_3], None)
-        time.sleep(settle_s)
-        after = _tally(res, "B", [ask(b.url, name, s) for s in PHASE_3], first)
-        res.shared_hits += after
-        res.shared_hits_after_restart = after
+        res.shared_hits, res.shared_hits_after_restart, res.outage_requests = three_steps(
+            lambda seeds: [ask(a.url, name, s) for s in seeds],
+            lambda seeds: [ask(b.url, name, s) for s in seeds], redis,
+            lambda who, rows, first: _tally(res, who, rows, first), settle_s)
     finally:
         for server in servers:
             server.stop()
