@@ -143,7 +143,9 @@ class VlmCacheConfig:
             never-reused entry (segmented LRU); ``lru``: plain LRU.
         disk_write_queue: bytes of KV chunks (at most ``memory_budget``) that may wait for
             the disk writer with ``disk_write: async``; past it, disk writes are dropped and
-            counted. A crash loses what is queued (see docs/reliability.md).
+            counted. The persistent KV tier stages up to this many bytes of copied rows
+            (so vLLM's store jobs finish at once); past it, rows are written before their
+            job finishes. A crash loses what is queued (see docs/reliability.md).
     """
 
     store_path: str = "~/.cache/vlmcache"

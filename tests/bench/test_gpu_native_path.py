@@ -1,5 +1,7 @@
 """The GPU benchmark's judging of issue 11's targets (pure functions, no GPU)."""
 
+import json
+
 from vlmcache.bench.gpu_native_path import shape_summary
 
 
@@ -39,3 +41,19 @@ def test_a_skipped_restart_is_not_judged_on_full_loads_and_missing_modes_are_non
     assert s["targets"]["restart_full_load_when_loaded"] is None
     assert s["targets"]["cpu_hit_le_1.05x_native_cpu_hit"] is None
     assert s["cost_model_choice"] == "skip"
+
+
+def test_invocations_for_one_shape_merge_their_modes_and_keep_each_command(tmp_path):
+    import argparse
+
+    from vlmcache.bench.gpu_native_path import _write
+
+    out = tmp_path / "r.json"
+    args = argparse.Namespace(geometry="benchmarks/geometries/qwen2vl7b", out=str(out),
+                              compile=False, n=12, batch=32, cpu_bytes=1, block_size=16)
+    _write(args, ["--modes", "vllm"], {"vllm": {"miss": {"median_ms": 50.0}}})
+    _write(args, ["--modes", "vlmcache"], {"vlmcache": {"miss": {"median_ms": 51.0}}})
+    record = json.loads(out.read_text())
+    assert set(record["modes"]["qwen2vl7b"]) == {"vllm", "vlmcache"}
+    assert record["shapes"]["qwen2vl7b"]["targets"]["miss_le_1.05x_recompute"] is True
+    assert len(record["commands"]["qwen2vl7b"]) == 2 and "--modes vlmcache" in record["command"]

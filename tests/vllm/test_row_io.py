@@ -54,3 +54,46 @@ def test_second_sight_admission_writes_a_row_only_when_offered_again(tmp_path):
     again = mover.run(RowJob(2, "store", keys, (0, 1)))
     assert again.nbytes == 32 and store.contains(keys[0]) and store.contains(keys[1])
     assert mover.not_admitted == 2
+
+
+class _SlowStore(DiskStore):
+    """A disk store whose writes wait until the test lets them go."""
+
+    def __init__(self, root, budget):
+        super().__init__(root, budget)
+        import threading
+
+        self.release = threading.Event()
+
+    def put(self, key, tensors, *, tenant=None):
+        self.release.wait(10)
+        return super().put(key, tensors, tenant=tenant)
+
+
+def test_a_staged_store_job_finishes_before_its_rows_are_written_and_keeps_their_bytes(
+        tmp_path):
+    store = _SlowStore(tmp_path, 10**9)
+    rows = np.arange(4 * 64, dtype=np.uint8).reshape(4, 64)
+    expected = rows[:2].copy()
+    mover = RowMover(store, rows, threads=2, staging_bytes=1024)
+    keys = ("ab" * 32, "cd" * 32)
+    out = mover.run(RowJob(1, "store", keys, (0, 1)))
+    assert out.success and out.nbytes == 128
+    assert not store.contains(keys[0])  # finished, not yet written
+    rows[:] = 0  # vLLM reuses the rows at once: the staged copies must not change
+    store.release.set()
+    mover.close()
+    reopened = DiskStore(tmp_path, 10**9)
+    for key, want in zip(keys, expected):
+        assert np.array_equal(reopened.get(key)["kv"].numpy(), want)
+
+
+def test_rows_past_the_staging_budget_are_written_before_the_job_finishes(tmp_path):
+    store = _SlowStore(tmp_path, 10**9)
+    store.release.set()
+    rows = np.ones((4, 64), dtype=np.uint8)
+    mover = RowMover(store, rows, threads=1, staging_bytes=10)  # smaller than one row
+    key = "ef" * 32
+    assert mover.run(RowJob(1, "store", (key,), (0,))).success
+    assert store.contains(key)  # written in the job, nothing dropped
+    mover.close()

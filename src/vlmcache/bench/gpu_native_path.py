@@ -32,8 +32,13 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
+from vlmcache.bench.phase_timing import PhaseProfile, phase_medians, phases
+
 MODES = ("vllm", "vlmcache", "vlmcache_restart", "native_cpu", "native_tiering",
          "native_tiering_restart")
+#: diagnostic, not judged: vLLM's tiering spec with its CPU tier alone (what vlmcache's
+#: spec adds its persistent tier to)
+DIAGNOSTIC_MODES = ("native_tiering_cpu",)
 WARMUP_SEEDS = (9000, 9001, 9002)
 BATCH_SEED0 = 100
 HASH_ENV = {"PYTHONHASHSEED": "0"}  # vLLM's block hashes reproducible across restarts
@@ -72,7 +77,8 @@ def _engine_args(args: argparse.Namespace) -> dict[str, Any]:
     return {"load_format": "dummy", "enforce_eager": not args.compile,
             "gpu_memory_utilization": args.gpu_memory_utilization,
             "max_model_len": args.max_model_len, "limit_mm_per_prompt": {"image": 1},
-            "seed": 0, "max_num_seqs": 64, "enable_prefix_caching": True}
+            "seed": 0, "max_num_seqs": 64, "enable_prefix_caching": True,
+            "disable_log_stats": False}  # per-request engine timestamps (where time goes)
 
 
 def _vlmcache_llm(args: argparse.Namespace, engine_args: dict[str, Any]) -> Any:
@@ -94,8 +100,10 @@ def _native_llm(mode: str, args: argparse.Namespace, engine_args: dict[str, Any]
     elif mode.startswith("native_tiering"):
         from vllm.config import KVTransferConfig
 
+        tiers = ([] if mode == "native_tiering_cpu" else
+                 [{"type": "fs", "root_dir": args.store + "-fs"}])
         extra = {"spec_name": "TieringOffloadingSpec", "cpu_bytes_to_use": args.cpu_bytes,
-                 "secondary_tiers": [{"type": "fs", "root_dir": args.store + "-fs"}]}
+                 "secondary_tiers": tiers}
         engine_args["kv_transfer_config"] = KVTransferConfig(
             kv_connector="OffloadingConnector", kv_role="kv_both",
             kv_connector_extra_config=extra)
@@ -121,24 +129,28 @@ class Runner:
         self.llm = self.cached.llm if self.cached else _native_llm(mode, args, engine_args)
 
     def generate(self, seeds: Sequence[int], params: Any = None) -> list[dict[str, Any]]:
-        """One ``generate`` call; per request: prompt tokens, loaded, from prefix cache."""
+        """One ``generate`` call; per request: prompt tokens, loaded, from prefix cache, and
+        where its time went."""
         images = [_image(s, self.side) for s in seeds]
         params = params or self.params
+        start = time.perf_counter()
         if self.cached is not None:
             from vlmcache.api import VlmRequest
 
             outs = self.cached.generate([VlmRequest(self.prompt, (im,)) for im in images],
                                         params)
+            end = time.perf_counter()
             return [{"prompt": o.report.prompt_tokens, "loaded": o.report.tokens_loaded,
                      "prefix": o.report.tokens_from_prefix_cache,
                      "stored": self._stored_tokens(o.report.chunk_keys),
-                     "choice": o.report.kv_cost_choice, "reason": o.report.kv_cost_reason}
-                    for o in outs]
+                     "choice": o.report.kv_cost_choice, "reason": o.report.kv_cost_reason,
+                     **phases(o.output, start, end)} for o in outs]
         prompts = [{"prompt": self.prompt, "multi_modal_data": {"image": im}} for im in images]
         outs = self.llm.generate(prompts, params, use_tqdm=False)
+        end = time.perf_counter()
         # vLLM reports one number for its prefix cache plus what a connector loaded
-        return [{"prompt": len(o.prompt_token_ids or ()), "cached": o.num_cached_tokens or 0}
-                for o in outs]
+        return [{"prompt": len(o.prompt_token_ids or ()), "cached": o.num_cached_tokens or 0,
+                 **phases(o, start, end)} for o in outs]
 
     def _stored_tokens(self, chunk_keys: Sequence[str]) -> int:
         """Tokens of the request's leading chunks found in the persistent store's files."""
@@ -181,7 +193,8 @@ class Runner:
 
 
 def _token_summary(facts: list[dict[str, Any]]) -> dict[str, Any]:
-    """Median tokens per request: prompt, loaded, from prefix cache, computed."""
+    """Median tokens per request: prompt, loaded, from prefix cache, computed; and the
+    median time per phase."""
     def med(fn: Any) -> float:
         return statistics.median(fn(f) for f in facts)
 
@@ -189,7 +202,7 @@ def _token_summary(facts: list[dict[str, Any]]) -> dict[str, Any]:
         out = {"prompt_tokens": med(lambda f: f["prompt"]),
                "tokens_cached": med(lambda f: f["cached"]),
                "tokens_computed": med(lambda f: f["prompt"] - f["cached"])}
-        return out
+        return {**out, **phase_medians(facts)}
     choices = sorted({str(f["choice"]) for f in facts if f["choice"]})
     return {"prompt_tokens": med(lambda f: f["prompt"]),
             "tokens_loaded": med(lambda f: f["loaded"]),
@@ -197,7 +210,8 @@ def _token_summary(facts: list[dict[str, Any]]) -> dict[str, Any]:
             "tokens_computed": med(lambda f: f["prompt"] - f["loaded"] - f["prefix"]),
             "tokens_stored": med(lambda f: f["stored"]),
             "cost_model_choices": choices,
-            "cost_model_reason": next((f["reason"] for f in facts if f["reason"]), None)}
+            "cost_model_reason": next((f["reason"] for f in facts if f["reason"]), None),
+            **phase_medians(facts)}
 
 
 def run_mode(mode: str, args: argparse.Namespace) -> dict[str, Any]:
@@ -211,16 +225,20 @@ def run_mode(mode: str, args: argparse.Namespace) -> dict[str, Any]:
         for s in WARMUP_SEEDS:  # single prefills (2 tokens: the engine times its prefill)
             runner.generate([s + 1000], runner.params2)
         if mode.endswith("_restart"):
-            out["restart_hit"] = runner.timed(seeds)
+            with PhaseProfile(args, f"{mode}-restart_hit"):
+                out["restart_hit"] = runner.timed(seeds)
             out["restart_hit_batch"] = runner.batched(batch)
             return out
-        out["miss"] = runner.timed(seeds)
+        with PhaseProfile(args, f"{mode}-miss"):
+            out["miss"] = runner.timed(seeds)
         time.sleep(args.settle)
-        out["gpu_hit"] = runner.timed(seeds)
+        with PhaseProfile(args, f"{mode}-gpu_hit"):
+            out["gpu_hit"] = runner.timed(seeds)
         out["miss_batch"] = runner.batched(batch)
         if mode != "vllm":
             runner.reset_gpu_cache(args.settle)
-            out["cpu_hit"] = runner.timed(seeds)
+            with PhaseProfile(args, f"{mode}-cpu_hit"):
+                out["cpu_hit"] = runner.timed(seeds)
             out["cpu_hit_batch"] = runner.batched(batch)
         time.sleep(args.settle)  # the persistent tier's writes land before the process ends
     finally:
@@ -234,17 +252,43 @@ def _run_child(mode: str, args: argparse.Namespace, forwarded: list[str]) -> dic
            "--child-out", str(out), *forwarded]
     env = {**os.environ, **HASH_ENV}
     start = time.time()
+    # its own session: a timed-out mode's engine processes (which hold the GPU) die with it
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=env, start_new_session=True)
     try:
-        proc = subprocess.run(cmd, timeout=args.mode_timeout, capture_output=True, text=True,
-                              env=env)
+        log, _ = proc.communicate(timeout=args.mode_timeout)
     except subprocess.TimeoutExpired:
+        _end_group(proc, 0.0)
         return {"error": f"timed out after {args.mode_timeout} s"}
+    flushed = time.time()
+    _end_group(proc, args.flush_timeout)
     if proc.returncode != 0 or not out.exists():
-        return {"error": f"exit {proc.returncode}",
-                "log_tail": (proc.stderr or proc.stdout)[-3000:]}
+        return {"error": f"exit {proc.returncode}", "log_tail": (log or "")[-3000:]}
     result = json.loads(out.read_text())
-    result["process_s"] = round(time.time() - start, 1)
+    result["process_s"] = round(flushed - start, 1)
+    result["flush_s"] = round(time.time() - flushed, 1)  # its I/O process writing out
     return result
+
+
+def _end_group(proc: subprocess.Popen[str], flush_s: float) -> None:
+    """Let a finished mode's remaining processes (the persistent tier's I/O process writing
+    its queue out after the engine stopped) end by themselves for up to ``flush_s``, then
+    kill the group: the next mode gets the GPU and the store as the last one left them."""
+    import signal
+
+    deadline = time.monotonic() + flush_s
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(proc.pid, 0)
+        except (ProcessLookupError, PermissionError):
+            break
+        time.sleep(0.5)
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    proc.communicate()
+    time.sleep(2.0)  # the driver frees a killed engine's GPU memory
 
 
 def _get(modes: dict[str, Any], mode: str, phase: str, key: str = "median_ms") -> Any:
@@ -325,10 +369,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--max-model-len", type=int, default=2048)
     parser.add_argument("--modes", default=",".join(MODES))
     parser.add_argument("--mode-timeout", type=int, default=240)
+    parser.add_argument("--flush-timeout", type=int, default=180,
+                        help="seconds a finished mode's I/O process may take to write out")
     parser.add_argument("--out", default="benchmarks/results/gpu-native-path.json")
+    parser.add_argument("--profile-dir", default="",
+                        help="py-spy collapsed stacks of the batch-1 phases (py-spy on PATH)")
     parser.add_argument("--store", default="")
     parser.add_argument("--work", default="")
-    parser.add_argument("--child", choices=MODES, help=argparse.SUPPRESS)
+    parser.add_argument("--child", choices=MODES + DIAGNOSTIC_MODES, help=argparse.SUPPRESS)
     parser.add_argument("--child-out", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
@@ -357,10 +405,17 @@ def _write(args: argparse.Namespace, argv: Sequence[str] | None, modes: dict[str
                    "engine": "enforce_eager" if not args.compile else "compiled + CUDA graphs",
                    "dummy_weights": True, "output_tokens": 1, "n_batch1": args.n,
                    "batch": args.batch, "cpu_bytes": args.cpu_bytes})
-    record.setdefault("commands", {})[shape] = cmd.strip()
-    record["command"] = " && ".join(record["commands"].values())
-    record.setdefault("shapes", {})[shape] = shape_summary(modes, args.block_size)
-    record.setdefault("modes", {})[shape] = modes
+    # one shape's modes may be run by several invocations on one machine (a device call's
+    # time limit): each keeps the modes the others measured, and its command is kept
+    commands = record.setdefault("commands", {}).setdefault(shape, [])
+    commands = [commands] if isinstance(commands, str) else commands
+    if cmd.strip() not in commands:
+        commands.append(cmd.strip())
+    record["commands"][shape] = commands
+    record["command"] = " && ".join(c for cs in record["commands"].values() for c in cs)
+    merged = {**record.setdefault("modes", {}).get(shape, {}), **modes}
+    record["modes"][shape] = merged
+    record.setdefault("shapes", {})[shape] = shape_summary(merged, args.block_size)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(record, indent=1) + "\n")
 

@@ -12,13 +12,10 @@ import logging
 import queue
 import threading
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from vlmcache.store.base import Tensors, tensors_nbytes
 from vlmcache.store.ratelog import RateLimitedWarning
-
-if TYPE_CHECKING:
-    from vlmcache.store.disk import DiskStore
 
 logger = logging.getLogger(__name__)
 
@@ -42,8 +39,14 @@ class WriteBehindStats:
     max_pending_bytes: int
 
 
+class ChunkWriter(Protocol):
+    """Where queued chunks go (a ``DiskStore``, or the persistent KV tier's store)."""
+
+    def put(self, key: str, tensors: Tensors, *, tenant: str | None = None) -> bool: ...
+
+
 class WriteBehind:
-    """Writes chunks to a :class:`DiskStore` on a background thread.
+    """Writes chunks to a :class:`ChunkWriter` on ``threads`` background threads.
 
     A chunk that does not fit the pending-bytes budget is not queued: a dropped write is a
     future miss, while blocking would slow the request being served. Drops and failed writes
@@ -51,7 +54,7 @@ class WriteBehind:
     not modify tensors after submitting them.
     """
 
-    def __init__(self, disk: "DiskStore", max_pending_bytes: int) -> None:
+    def __init__(self, disk: ChunkWriter, max_pending_bytes: int, threads: int = 1) -> None:
         self._disk = disk
         self._max_pending = max_pending_bytes
         self._pending_bytes = self._pending_chunks = 0
@@ -60,26 +63,32 @@ class WriteBehind:
         self._drop_log = RateLimitedWarning(logger, "disk write-behind queue full")
         self._lost_log = RateLimitedWarning(logger, "disk write-behind could not write")
         self._queue: "queue.Queue[object]" = queue.Queue()
-        self._thread = threading.Thread(target=self._run, name="vlmcache-disk-writer",
-                                        daemon=True)
-        self._thread.start()
+        self._threads = [threading.Thread(target=self._run, name="vlmcache-disk-writer",
+                                          daemon=True) for _ in range(max(1, threads))]
+        for thread in self._threads:
+            thread.start()
 
     def submit(self, key: str, tensors: Tensors, tenant: str | None = None) -> bool:
         """Queue a write (charged to ``tenant``); ``False`` if the pending budget is full
-        (counted, rate-limited log)."""
+        (a dropped write: counted, rate-limited log)."""
+        if self.try_submit(key, tensors, tenant):
+            return True
+        with self._lock:
+            self.dropped += 1
+            pending = self._pending_bytes
+        self._drop_log.event(f"{pending} bytes pending, chunk {key[:16]} not written to disk")
+        return False
+
+    def try_submit(self, key: str, tensors: Tensors, tenant: str | None = None) -> bool:
+        """Queue a write if the pending budget has room; ``False`` (nothing counted) if not,
+        for a caller that then writes the chunk itself."""
         size = tensors_nbytes(tensors)
         with self._lock:
-            full = self._pending_bytes + size > self._max_pending
-            if full:
-                self.dropped += 1
-                pending = self._pending_bytes
-            else:
-                self._pending_bytes += size
-                self._pending_chunks += 1
-                self._queued += 1
-        if full:
-            self._drop_log.event(f"{pending} bytes pending, chunk {key[:16]} not written to disk")
-            return False
+            if self._pending_bytes + size > self._max_pending:
+                return False
+            self._pending_bytes += size
+            self._pending_chunks += 1
+            self._queued += 1
         self._queue.put((key, dict(tensors), size, tenant))
         return True
 
@@ -94,12 +103,14 @@ class WriteBehind:
         self._queue.join()
 
     def close(self) -> None:
-        """Write what is queued, log suppressed warnings, stop the thread."""
+        """Write what is queued, log suppressed warnings, stop the threads."""
         self.flush()
         self._drop_log.flush()
         self._lost_log.flush()
-        self._queue.put(_STOP)
-        self._thread.join(timeout=30)
+        for _ in self._threads:
+            self._queue.put(_STOP)
+        for thread in self._threads:
+            thread.join(timeout=30)
 
     def _run(self) -> None:
         while True:

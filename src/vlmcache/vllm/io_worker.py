@@ -112,8 +112,8 @@ def make_executor(config: "VlmCacheConfig", store: "RowStore", rows: np.ndarray,
     if region_fd is None:
         logger.warning("vlmcache KV tier: vLLM's CPU region has no file descriptor here: "
                        "the tier's I/O runs on threads of the engine process")
-        return ThreadIO(RowMover(store, rows, threads, on_read, admission_for(config)), done,
-                        threads)
+        return ThreadIO(RowMover(store, rows, threads, on_read, admission_for(config),
+                                 staging_bytes=config.disk_write_queue), done, threads)
     start = ChildStart(config.to_dict(), region_fd, int(rows.shape[0]), int(rows.shape[1]),
                        threads)
     return ChildIO(start, done, on_read)
@@ -318,7 +318,7 @@ def _child_main() -> None:
         send(json.dumps({"read": {"nbytes": nbytes, "seconds": seconds}}))
 
     mover = RowMover(store, rows, int(start["threads"]), on_read=read,
-                     admission=admission_for(config))
+                     admission=admission_for(config), staging_bytes=config.disk_write_queue)
     send(json.dumps({"ready": True}))
     probe = _probe(store, int(start["threads"]))
     if probe is not None:

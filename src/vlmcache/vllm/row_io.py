@@ -23,6 +23,7 @@ import torch
 
 from vlmcache.store.base import Tensors
 from vlmcache.store.policy import GhostFilter
+from vlmcache.store.writeback import WriteBehind
 
 logger = logging.getLogger(__name__)
 
@@ -122,11 +123,18 @@ class ReadMeter:
 class RowMover:
     """Runs :class:`RowJob` s between ``rows`` (a ``(n, row_bytes)`` uint8 view) and a store;
     ``on_read(bytes, seconds)`` gets the read throughput of each busy period; with
-    ``admission`` a row is written only the second time it is offered."""
+    ``admission`` a row is written only the second time it is offered.
+
+    With ``staging_bytes`` > 0 a store job copies its rows out of the region and finishes
+    (vLLM may then reuse the rows, and its engine can idle: while a store job is pending,
+    vLLM's engine loop spins instead of waiting for requests); the copies are written
+    behind, at most ``staging_bytes`` of them at a time. A row that does not fit is written
+    before the job finishes, as with no staging. A staged row lost to a crash or a failed
+    write is a later miss, never wrong bytes (chunk files are renamed into place whole)."""
 
     def __init__(self, store: RowStore, rows: np.ndarray, threads: int = 4,
                  on_read: Callable[[int, float], None] | None = None,
-                 admission: GhostFilter | None = None) -> None:
+                 admission: GhostFilter | None = None, staging_bytes: int = 0) -> None:
         if rows.ndim != 2 or rows.dtype != np.uint8:
             raise ValueError("rows must be a 2-D uint8 array")
         self._store = store
@@ -136,6 +144,8 @@ class RowMover:
         self._admission = admission  # second sight: a row is written when offered again
         self._admission_lock = threading.Lock()
         self.not_admitted = 0
+        self._behind = (WriteBehind(store, staging_bytes, max(1, threads // 2))
+                        if staging_bytes > 0 else None)
 
     @property
     def row_bytes(self) -> int:
@@ -155,7 +165,10 @@ class RowMover:
         return JobOutcome(job.job_id, ok, nbytes, time.perf_counter() - start, loaded)
 
     def close(self) -> None:
+        """Finish running jobs and staged writes, then close the store."""
         self._pool.shutdown(wait=True)
+        if self._behind is not None:
+            self._behind.close()
         self._store.close()
         self._rows = np.zeros((0, self.row_bytes), dtype=np.uint8)
 
@@ -174,6 +187,10 @@ class RowMover:
                 if not self._admission.second_sight(key):
                     self.not_admitted += 1
                     return 0
+        if self._behind is not None:
+            staged = {TENSOR_NAME: torch.from_numpy(self._rows[row].copy())}
+            if self._behind.try_submit(key, staged, tenant):
+                return self.row_bytes
         tensors = {TENSOR_NAME: torch.from_numpy(self._rows[row])}
         return self.row_bytes if self._store.put(key, tensors, tenant=tenant) else -1
 

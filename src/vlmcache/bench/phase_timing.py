@@ -1,0 +1,70 @@
+"""Where a benchmark request's time goes: vLLM's per-request engine timestamps split into
+phases, and an optional ``py-spy`` capture of one phase (the GPU benchmarks use both)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+PHASES = ("front_ms", "queue_ms", "engine_ms", "return_ms")
+
+
+def phases(out: Any, start: float, end: float) -> dict[str, float]:
+    """Where one request's time went, from vLLM's engine timestamps (monotonic, like
+    ``perf_counter`` on Linux): call -> engine core received it (input processing, IPC),
+    -> scheduled, -> last token, -> back to the caller."""
+    m = getattr(out, "metrics", None)
+    queued, sched = getattr(m, "queued_ts", 0.0), getattr(m, "scheduled_ts", 0.0)
+    last = getattr(m, "last_token_ts", 0.0)
+    if not (start < queued <= sched <= last <= end):
+        return {}
+    return {"front_ms": (queued - start) * 1e3, "queue_ms": (sched - queued) * 1e3,
+            "engine_ms": (last - sched) * 1e3, "return_ms": (end - last) * 1e3}
+
+
+def phase_medians(facts: list[dict[str, Any]]) -> dict[str, float]:
+    timed = [f for f in facts if "front_ms" in f]
+    if not timed:
+        return {}
+    return {f"{k[:-3]}_median_ms": round(statistics.median(f[k] for f in timed), 2)
+            for k in PHASES}
+
+
+class PhaseProfile:
+    """``py-spy record`` of this process and its children (the EngineCore, the I/O
+    process) over one phase, as collapsed stacks, when ``--profile-dir`` is given and
+    ``py-spy`` is on PATH."""
+
+    def __init__(self, args: argparse.Namespace, name: str) -> None:
+        self.path = Path(args.profile_dir) / f"{name}.txt" if args.profile_dir else None
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def __enter__(self) -> "PhaseProfile":
+        import shutil
+
+        exe = shutil.which("py-spy")
+        if self.path is None or exe is None:
+            return self
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.proc = subprocess.Popen(
+            [exe, "record", "--pid", str(os.getpid()), "--subprocesses", "--idle",
+             "--threads", "--nonblocking", "--rate", "500", "--format", "raw",
+             "-o", str(self.path)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        time.sleep(1.0)  # attached before the phase starts
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.proc is None:
+            return
+        import signal
+
+        self.proc.send_signal(signal.SIGINT)
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
