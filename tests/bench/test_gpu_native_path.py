@@ -1,46 +1,6 @@
-"""The GPU benchmark's judging of issue 11's targets (pure functions, no GPU)."""
+"""The GPU benchmark's result file (no GPU)."""
 
 import json
-
-from vlmcache.bench.gpu_native_path import shape_summary
-
-
-def _row(ms, **tokens):
-    return {"median_ms": ms, **tokens}
-
-
-def _modes(restart_loaded=656.0, restart_stored=656.0, choice="load"):
-    return {
-        "vllm": {"miss": _row(60.0), "gpu_hit": _row(40.0),
-                 "miss_batch": {"prompt_tok_s": 20000}},
-        "native_cpu": {"cpu_hit": _row(35.0)},
-        "vlmcache": {"miss": _row(62.0), "gpu_hit": _row(41.0), "cpu_hit": _row(36.0),
-                     "miss_batch": {"prompt_tok_s": 19500}},
-        "vlmcache_restart": {"restart_hit": _row(30.0, prompt_tokens=665.0,
-                                                 tokens_loaded=restart_loaded,
-                                                 tokens_stored=restart_stored,
-                                                 cost_model_choices=[choice],
-                                                 cost_model_reason="r")}}
-
-
-def test_targets_met_when_every_row_is_within_its_bound():
-    s = shape_summary(_modes(), block_size=16)
-    assert s["restart_tokens_loadable"] == 656 and s["restart_tokens_stored"] == 656
-    assert all(v is True for k, v in s["targets"].items()), s["targets"]
-
-
-def test_a_partial_load_after_a_restart_fails_the_full_load_target():
-    s = shape_summary(_modes(restart_loaded=32.0), block_size=16)
-    assert s["targets"]["restart_full_load_when_loaded"] is False
-
-
-def test_a_skipped_restart_is_not_judged_on_full_loads_and_missing_modes_are_none():
-    modes = _modes(restart_loaded=0.0, choice="skip")
-    del modes["native_cpu"]
-    s = shape_summary(modes, block_size=16)
-    assert s["targets"]["restart_full_load_when_loaded"] is None
-    assert s["targets"]["cpu_hit_le_1.05x_native_cpu_hit"] is None
-    assert s["cost_model_choice"] == "skip"
 
 
 def test_invocations_for_one_shape_merge_their_modes_and_keep_each_command(tmp_path):

@@ -107,3 +107,27 @@ def test_a_plain_disk_store_front_works_too(tmp_path, live_redis):
     assert b.ensure_in_memory(_key(3)) and b.front.contains(_key(3))
     assert torch.equal(b.get(_key(3))["kv"], _chunk(3)["kv"])
     assert [s.tier for s in b.tier_stats()] == ["disk", "redis-kv"]
+
+
+def test_a_kv_row_only_in_redis_is_read_into_the_callers_buffer(tmp_path, live_redis):
+    import numpy as np
+
+    def disk_replica(name: str) -> RedisBackedStore:
+        cfg = VlmCacheConfig(store_path=str(tmp_path / name), redis_url=live_redis.url,
+                             redis_prefix="rows")
+        store = with_redis(cfg, DiskStore(cfg.store_dir / "kv", 10**8), "kv")
+        assert isinstance(store, RedisBackedStore)
+        return store
+
+    row = np.random.default_rng(3).integers(0, 256, 4096, dtype=np.uint8)
+    a, b = disk_replica("a"), disk_replica("b")
+    assert a.put(_key(7), {"kv": torch.from_numpy(row.copy())})
+    a.flush()
+    out = np.zeros(4096, dtype=np.uint8)
+    assert b.get_into(_key(7), "kv", memoryview(out)) and np.array_equal(out, row)
+    assert b.redis_counts()[0] == 1 and b.front.contains(_key(7))  # kept on b's disk
+    out[:] = 0
+    assert b.get_into(_key(7), "kv", memoryview(out)) and np.array_equal(out, row)
+    assert b.redis_counts()[0] == 1  # the second read was local, in place
+    assert not b.get_into(_key(8), "kv", memoryview(out))
+    assert b.stats().hits == 2

@@ -4,7 +4,6 @@ across processes, private files and dirs, no planted-symlink following."""
 from __future__ import annotations
 
 import json
-import os
 import stat
 import subprocess
 import sys

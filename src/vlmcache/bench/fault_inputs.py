@@ -4,7 +4,6 @@ paths (traversal, NUL, 64 KiB strings, lone surrogates), and symlinks planted in
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 from vlmcache.bench.faults import (
     FaultResult, _guard, captured, chunk_for, read_back, repeat, same, scratch,

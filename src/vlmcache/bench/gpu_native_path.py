@@ -32,10 +32,11 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
-from vlmcache.bench.phase_timing import PhaseProfile, phase_medians, phases
+from vlmcache.bench.gpu_native_summary import BASELINES, shape_summary
+from vlmcache.bench.phase_timing import PHASES, PhaseProfile, phase_medians, phases
 
 MODES = ("vllm", "vlmcache", "vlmcache_restart", "native_cpu", "native_tiering",
-         "native_tiering_restart")
+         "native_tiering_restart", "vllm_repeat")
 #: diagnostic, not judged: vLLM's tiering spec with its CPU tier alone (what vlmcache's
 #: spec adds its persistent tier to)
 DIAGNOSTIC_MODES = ("native_tiering_cpu",)
@@ -172,7 +173,8 @@ class Runner:
             facts += self.generate([s])
             ms.append((time.perf_counter() - start) * 1e3)
         return {"median_ms": round(statistics.median(ms), 2), "min_ms": round(min(ms), 2),
-                "all_ms": [round(m, 2) for m in ms], **_token_summary(facts)}
+                "all_ms": [round(m, 2) for m in ms], **_token_summary(facts),
+                "phases_ms": [{k: round(f[k], 2) for k in PHASES if k in f} for f in facts]}
 
     def batched(self, seeds: Sequence[int]) -> dict[str, Any]:
         start = time.perf_counter()
@@ -235,7 +237,7 @@ def run_mode(mode: str, args: argparse.Namespace) -> dict[str, Any]:
         with PhaseProfile(args, f"{mode}-gpu_hit"):
             out["gpu_hit"] = runner.timed(seeds)
         out["miss_batch"] = runner.batched(batch)
-        if mode != "vllm":
+        if mode not in BASELINES:
             runner.reset_gpu_cache(args.settle)
             with PhaseProfile(args, f"{mode}-cpu_hit"):
                 out["cpu_hit"] = runner.timed(seeds)
@@ -291,68 +293,6 @@ def _end_group(proc: subprocess.Popen[str], flush_s: float) -> None:
     time.sleep(2.0)  # the driver frees a killed engine's GPU memory
 
 
-def _get(modes: dict[str, Any], mode: str, phase: str, key: str = "median_ms") -> Any:
-    value = modes.get(mode, {}).get(phase)
-    return value.get(key) if isinstance(value, dict) else None
-
-
-def _ratio(a: float | None, b: float | None) -> float | None:
-    return round(a / b, 3) if a is not None and b else None
-
-
-def shape_summary(modes: dict[str, Any], block_size: int) -> dict[str, Any]:
-    """The figures the issue's targets are judged on (None where a mode failed)."""
-    prompt = _get(modes, "vlmcache_restart", "restart_hit", "prompt_tokens")
-    choices = _get(modes, "vlmcache_restart", "restart_hit", "cost_model_choices") or []
-    s: dict[str, Any] = {
-        "recompute_ms": _get(modes, "vllm", "miss"),
-        "vllm_gpu_hit_ms": _get(modes, "vllm", "gpu_hit"),
-        "native_cpu_hit_ms": _get(modes, "native_cpu", "cpu_hit"),
-        "native_tiering_miss_ms": _get(modes, "native_tiering", "miss"),
-        "native_tiering_cpu_hit_ms": _get(modes, "native_tiering", "cpu_hit"),
-        "native_fs_restart_ms": _get(modes, "native_tiering_restart", "restart_hit"),
-        "native_fs_restart_tokens_cached": _get(modes, "native_tiering_restart",
-                                                "restart_hit", "tokens_cached"),
-        "miss_ms": _get(modes, "vlmcache", "miss"),
-        "miss_batch_tput_ratio": _ratio(_get(modes, "vlmcache", "miss_batch", "prompt_tok_s"),
-                                        _get(modes, "vllm", "miss_batch", "prompt_tok_s")),
-        "gpu_hit_ms": _get(modes, "vlmcache", "gpu_hit"),
-        "cpu_hit_ms": _get(modes, "vlmcache", "cpu_hit"),
-        "restart_ms": _get(modes, "vlmcache_restart", "restart_hit"),
-        "restart_tokens_loaded": _get(modes, "vlmcache_restart", "restart_hit",
-                                      "tokens_loaded"),
-        # what the persistent store held for the request when it was answered (its leading
-        # chunk files), and the block-aligned prefix a full load is (vLLM always computes
-        # the last prompt token)
-        "restart_tokens_stored": _get(modes, "vlmcache_restart", "restart_hit",
-                                      "tokens_stored"),
-        "restart_tokens_loadable": (int(prompt) - 1) // block_size * block_size
-        if prompt else None,
-        "cost_model_choice": choices[0] if len(choices) == 1 else (choices or None),
-        "cost_model_reason": _get(modes, "vlmcache_restart", "restart_hit",
-                                  "cost_model_reason"),
-    }
-    s["targets"] = _targets(s)
-    return s
-
-
-def _targets(s: dict[str, Any]) -> dict[str, bool | None]:
-    def le(a: str, b: str, k: float = 1.05) -> bool | None:
-        return None if s[a] is None or s[b] is None else s[a] <= k * s[b]
-
-    stored = s["restart_tokens_stored"]
-    full = (None if s["restart_tokens_loaded"] is None or stored is None else
-            s["restart_tokens_loaded"] >= min(stored, s["restart_tokens_loadable"] or 0) > 0)
-    return {"miss_le_1.05x_recompute": le("miss_ms", "recompute_ms"),
-            "miss_batch_tput_ge_95pct": None if s["miss_batch_tput_ratio"] is None
-            else s["miss_batch_tput_ratio"] >= 0.95,
-            "gpu_hit_le_1.05x_vllm_gpu_hit": le("gpu_hit_ms", "vllm_gpu_hit_ms"),
-            "cpu_hit_le_1.05x_native_cpu_hit": le("cpu_hit_ms", "native_cpu_hit_ms"),
-            "restart_le_1.05x_recompute": le("restart_ms", "recompute_ms"),
-            "restart_full_load_when_loaded": full if s["cost_model_choice"] == "load"
-            else None}
-
-
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--geometry", default="benchmarks/geometries/qwen2vl7b")
@@ -383,6 +323,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         Path(args.child_out).write_text(json.dumps(run_mode(args.child, args)))
         return
     args.work = args.work or tempfile.mkdtemp(prefix="vlmcache-native-")
+    Path(args.work).mkdir(parents=True, exist_ok=True)
     args.store = args.store or str(Path(args.work) / "store")
     forwarded = [a for a in (argv if argv is not None else sys.argv[1:])]
     forwarded += ["--store", args.store, "--work", args.work]

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from vlmcache.bench.harness import BUILTIN_MODEL, BenchSpec, build_requests, read_results
-from vlmcache.bench.modes import BASELINE, MODES, parse_modes
+from vlmcache.bench.modes import MODES, parse_modes
 from vlmcache.bench.types import RequestResult
 
 _ERROR_LINE = re.compile(r"^\S*(?:Error|Exception)\b.*$", re.MULTILINE)

@@ -140,9 +140,10 @@ _PRIVATE_FILE = 0o600
 _PRIVATE_DIR = 0o700
 
 
-def _open_read(path: Path) -> BinaryIO:
+def _open_read(path: Path, buffering: int = -1) -> BinaryIO:
     """Open a store file for reading without following a planted symlink (ELOOP: OSError)."""
-    return open(os.open(path, os.O_RDONLY | _NOFOLLOW | getattr(os, "O_BINARY", 0)), "rb")
+    return open(os.open(path, os.O_RDONLY | _NOFOLLOW | getattr(os, "O_BINARY", 0)), "rb",
+                buffering=buffering)
 
 
 def make_private_dir(path: Path) -> None:
@@ -175,6 +176,54 @@ def _read_chunk(key: str, path: Path
     if chunk_checksum(tensors) != sha:
         raise _ChunkFault("checksum mismatch")
     return tensors, sha, tensors_nbytes(tensors), tenant if isinstance(tenant, str) else None
+
+
+def read_chunk_into(key: str, path: Path, name: str, out: memoryview
+                    ) -> tuple[str, int, str | None]:
+    """Read a one-tensor uint8 chunk file straight into ``out`` (a writable, contiguous
+    byte buffer of the tensor's exact size) and verify it in place: (sha256, payload
+    bytes, tenant). The same checks as a full read (header, key, file size, checksum), but
+    no intermediate copies: the persistent KV tier reads rows into vLLM's CPU region with
+    it. On a :class:`_ChunkFault` ``out`` holds garbage; the caller must not use it."""
+    nbytes = out.nbytes
+    with _open_read(path, buffering=0) as f:  # the payload goes straight into ``out``
+        prefix = f.read(8)
+        size = int.from_bytes(prefix, "little") if len(prefix) == 8 else 0
+        header = _parse_header(prefix + (f.read(size) if size <= _MAX_HEADER else b""))
+        sha = _header_checksum(header, key)
+        _check_single_u8(header, name, nbytes)
+        if 8 + size + nbytes != os.fstat(f.fileno()).st_size:
+            raise _ChunkFault(f"file size does not match its header ({nbytes} B payload)")
+        done = 0
+        while done < nbytes:
+            got = f.readinto(out[done:])
+            if not got:
+                raise _ChunkFault(f"truncated: {done} of {nbytes} payload bytes")
+            done += got
+    if _u8_checksum(name, out) != sha:
+        raise _ChunkFault("checksum mismatch")
+    tenant = (header.get("__metadata__") or {}).get(TENANT_META)
+    return sha, nbytes, tenant if isinstance(tenant, str) else None
+
+
+def _check_single_u8(header: dict[str, Any], name: str, nbytes: int) -> None:
+    tensors = [k for k in header if k != "__metadata__"]
+    info = header.get(name)
+    if tensors != [name] or not isinstance(info, dict):
+        raise _ChunkFault(f"expected one tensor {name!r}, found {tensors[:4]}")
+    if (info.get("dtype") != "U8" or info.get("shape") != [nbytes]
+            or info.get("data_offsets") != [0, nbytes]):
+        raise _ChunkFault(f"tensor {name!r} is not {nbytes} uint8 bytes")
+
+
+def _u8_checksum(name: str, raw: memoryview) -> str:
+    """:func:`chunk_checksum` of ``{name: uint8 tensor over raw}``, without a tensor."""
+    digest = hashlib.sha256()
+    desc = json.dumps([name, "uint8", [raw.nbytes]]).encode()
+    for part in (desc, raw):
+        digest.update(len(part).to_bytes(8, "little"))
+        digest.update(part)  # hashlib drops the GIL for large buffers: readers run in parallel
+    return digest.hexdigest()
 
 
 def _read_header_file(path: Path) -> dict[str, Any]:

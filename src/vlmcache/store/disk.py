@@ -16,6 +16,7 @@ import threading
 import time
 from collections import OrderedDict
 from pathlib import Path
+from typing import Callable, TypeVar
 
 import safetensors.torch
 import torch
@@ -24,7 +25,7 @@ from vlmcache.store.base import EvictionListener, StoreStats, Tensors, tensors_n
 from vlmcache.store.chunkfile import (
     FORMAT_VERSION, SUFFIX, TENANT_META, _ChunkFault, _Entry, _fsync_dir, _read_chunk, _tmp_path,
     _unlink_quiet, _write_file, check_key, chunk_checksum, file_entry, file_facts,
-    make_private_dir, tenant_label,
+    make_private_dir, read_chunk_into, tenant_label,
     scan_keys,
 )
 from vlmcache.store.ledger import LedgerView, OccupancyLedger
@@ -34,6 +35,7 @@ from vlmcache.store.policy import TenantBytes, TenantOccupancy
 from vlmcache.store.ratelog import RateLimitedWarning
 
 logger = logging.getLogger(__name__)
+_T = TypeVar("_T")
 
 __all__ = ["DiskStore", "check_key", "chunk_checksum"]
 _REUSE_WINDOW = 256
@@ -117,11 +119,26 @@ class DiskStore:
 
     def get(self, key: str) -> dict[str, torch.Tensor] | None:
         """The verified chunk, or ``None`` on a miss or a fault (logged; the file is deleted)."""
+        return self._verified_read(key, lambda path: _read_chunk(key, path))
+
+    def get_into(self, key: str, name: str, out: memoryview) -> bool:
+        """Read one-tensor uint8 chunk ``key`` (tensor ``name``) into ``out``, verified in
+        place; ``False`` on a miss or a fault (logged; the file is deleted), when ``out``
+        holds garbage."""
+        def read(path: Path) -> tuple[bool, str, int, str | None]:
+            return (True, *read_chunk_into(key, path, name, out))
+
+        return bool(self._verified_read(key, read))
+
+    def _verified_read(self, key: str, read: Callable[[Path], tuple[_T, str, int, str | None]]
+                       ) -> _T | None:
+        """``read(path)`` -> (value, sha256, payload bytes, tenant), counted and accepted;
+        ``None`` on a miss or a fault (logged; the file is deleted)."""
         path = self.path_for(key)
         with self._lock:
             entry = self._index.get(key)
         try:
-            tensors, sha, nbytes, tenant = _read_chunk(key, path)
+            value, sha, nbytes, tenant = read(path)
         except FileNotFoundError:
             return self._missing(key, entry)
         except _ChunkFault as fault:
@@ -129,7 +146,7 @@ class DiskStore:
         except OSError as exc:
             return self._fault(key, path, entry, f"I/O error: {exc}")
         self._accept(key, entry, sha, nbytes, tenant)
-        return tensors
+        return value
 
     def put(self, key: str, tensors: Tensors, *, tenant: str | None = None) -> bool:
         """Write the chunk atomically for ``tenant`` (its bytes count against the tenant's

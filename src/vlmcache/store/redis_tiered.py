@@ -83,6 +83,19 @@ class RedisBackedStore:
                 self._bytes_read += tensors_nbytes(tensors)
         return tensors
 
+    def get_into(self, key: str, name: str, out: memoryview) -> bool:
+        """:meth:`get` of a one-tensor uint8 chunk into ``out`` (the local store reads it
+        in place when it can); ``False`` on a miss."""
+        local = getattr(self.front, "get_into", None)
+        if local is None:
+            return copy_tensor_into(self.get(key), name, out)
+        found = local(key, name, out) or copy_tensor_into(self._fetch(key), name, out)
+        with self._lock:
+            self._hits += found
+            self._misses += not found
+            self._bytes_read += out.nbytes if found else 0
+        return found
+
     def put(self, key: str, tensors: Tensors, *, owned: bool = False,
             tenant: str | None = None) -> bool:
         """Local tiers now (charged to ``tenant``), Redis behind the caller; ``True`` if
@@ -211,3 +224,13 @@ def with_redis(config: object, front: ChunkStore, kind: str,
     logger.info("vlmcache: %s chunks shared through %s (budget %d B)", kind,
                 redis.blobs.link.settings.safe_url, redis.blobs.budget_bytes)
     return RedisBackedStore(front, redis, writer, read_gate)
+
+
+def copy_tensor_into(tensors: dict[str, torch.Tensor] | None, name: str,
+                     out: memoryview) -> bool:
+    """Copy uint8 tensor ``name`` of ``tensors`` into ``out`` if it is exactly that size."""
+    tensor = tensors.get(name) if tensors is not None else None
+    if tensor is None or tensor.dtype != torch.uint8 or tensor.numel() != out.nbytes:
+        return False
+    out[:] = tensor.contiguous().numpy().reshape(-1).data
+    return True

@@ -31,7 +31,6 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from pathlib import Path
 from typing import IO, TYPE_CHECKING, Callable, Protocol
 
 import numpy as np
@@ -263,9 +262,10 @@ class ChildIO:
 # ---- the child ----------------------------------------------------------------------------
 
 
-def _probe(store: object, threads: int) -> tuple[int, float] | None:
-    """Read up to PROBE_CHUNKS stored chunk files (read + checksum, as a load does) in
-    parallel: the store's read bandwidth before any load is measured."""
+def _probe(store: object, threads: int, row_bytes: int) -> tuple[int, float] | None:
+    """Read up to PROBE_CHUNKS stored chunk files in parallel as a load does (straight into
+    a row-sized buffer, then the checksum over it), without touching the store's state:
+    the store's read bandwidth before any load is measured."""
     keys = list(getattr(store, "keys", lambda: [])())
     path_for = getattr(store, "path_for", None)
     if not keys or path_for is None:
@@ -273,13 +273,14 @@ def _probe(store: object, threads: int) -> tuple[int, float] | None:
     picked = random.sample(keys, min(PROBE_CHUNKS, len(keys)))
 
     def read(key: str) -> int:
+        buf = np.empty(row_bytes + 4096, dtype=np.uint8)  # payload + a safetensors header
         try:
-            data = Path(path_for(key)).read_bytes()
+            with open(path_for(key), "rb", buffering=0) as f:
+                got = f.readinto(memoryview(buf)) or 0
         except (OSError, ValueError):
             return 0
-        hashlib.sha256(data).digest()
-        np.frombuffer(data, dtype=np.uint8).copy()
-        return len(data)
+        hashlib.sha256(memoryview(buf)[:got]).digest()
+        return got
 
     start = time.perf_counter()
     with ThreadPoolExecutor(threads) as pool:
@@ -320,7 +321,7 @@ def _child_main() -> None:
     mover = RowMover(store, rows, int(start["threads"]), on_read=read,
                      admission=admission_for(config), staging_bytes=config.disk_write_queue)
     send(json.dumps({"ready": True}))
-    probe = _probe(store, int(start["threads"]))
+    probe = _probe(store, int(start["threads"]), int(start["row_bytes"]))
     if probe is not None:
         read(*probe)
     with ThreadPoolExecutor(max(1, int(start["threads"]) // 2), "vlmcache-kv-job") as jobs:

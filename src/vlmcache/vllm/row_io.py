@@ -36,7 +36,7 @@ class RowStore(Protocol):
 
     def contains(self, key: str) -> bool: ...
 
-    def get(self, key: str) -> dict[str, torch.Tensor] | None: ...
+    def get_into(self, key: str, name: str, out: memoryview) -> bool: ...
 
     def put(self, key: str, tensors: Tensors, *, tenant: str | None = None) -> bool: ...
 
@@ -210,9 +210,6 @@ class RowMover:
         return loaded == len(done), loaded * self.row_bytes, loaded
 
     def _load_one(self, key: str, row: int) -> bool:
-        tensors = self._store.get(key)
-        kv = tensors.get(TENSOR_NAME) if tensors is not None else None
-        if kv is None or kv.dtype != torch.uint8 or kv.numel() != self.row_bytes:
-            return False
-        self._rows[row][:] = kv.numpy().reshape(-1)
-        return True
+        # straight into vLLM's row, verified there (a failed read leaves garbage in a row
+        # vLLM never marks ready: the job fails, the request recomputes)
+        return self._store.get_into(key, TENSOR_NAME, memoryview(self._rows[row]))
