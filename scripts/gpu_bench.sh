@@ -4,7 +4,7 @@
 # into /root/out/gpu-native-path.json (kept while the machine stays warm) and copied to
 # $OUT after each invocation:
 #   bash scripts/gpu_bench.sh qwen2vl7b --modes vllm,vlmcache,vlmcache_restart
-#   bash scripts/gpu_bench.sh qwen2vl7b --modes native_cpu,native_tiering,native_tiering_restart
+#   bash scripts/gpu_bench.sh qwen2vl7b --modes native_cpu,native_tiering,native_tiering_restart,vllm_repeat
 # PROFILE=1 adds py-spy stacks of the batch-1 phases (wheel in .gpu/tools) -> $OUT/prof-*.tgz
 set -uo pipefail
 shape=$1; shift
@@ -22,7 +22,7 @@ if [ "${PROFILE:-0}" = 1 ]; then
 fi
 nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader
 df -h /root | tail -1
-python benchmarks/gpu_native_path.py --geometry benchmarks/geometries/$shape --n 12 \
+python benchmarks/gpu_native_path.py --geometry benchmarks/geometries/$shape --n 24 \
   --batch 32 --cpu-bytes $cpu_bytes --mode-timeout 200 --work /root/work-$shape \
   --out /root/out/gpu-native-path.json "${extra[@]}" "$@" 2>&1 | tee -a /root/out/log-$shape.txt
 rc=${PIPESTATUS[0]}
