@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The GPU KV-path benchmark as run on the lent GPU machine (vLLM 0.26 staged in /root/site
-# by ../shared/gpu/stage-vllm.sh; see ENVIRONMENT.md). One shape per call, results merged
-# into /root/out/gpu-native-path.json (kept while the machine stays warm) and copied to
-# $OUT after each invocation:
+# by ../shared/gpu/stage-vllm.sh; see ENVIRONMENT.md). One shape per call (a call has 10
+# minutes), each call's result file in $OUT; join them afterwards with
+#   python benchmarks/gpu_native_path.py --merge A.json B.json ... --out RESULT.json
 #   bash scripts/gpu_bench.sh qwen2vl7b --modes vllm,vlmcache,vlmcache_restart
 #   bash scripts/gpu_bench.sh qwen2vl7b --modes native_cpu,native_tiering,native_tiering_restart,vllm_repeat
 # PROFILE=1 adds py-spy stacks of the batch-1 phases (wheel in .gpu/tools) -> $OUT/prof-*.tgz
@@ -14,18 +14,18 @@ case "$shape" in
   *) echo "unknown shape $shape (qwen2vl7b or llava7b)"; exit 2 ;;
 esac
 export PYTHONPATH=/root/site:$(pwd)/src PYTHONUNBUFFERED=1
-mkdir -p /root/out
+out=${OUT:-/root/out}
+mkdir -p "$out"
 extra=()
 if [ "${PROFILE:-0}" = 1 ]; then
   command -v py-spy >/dev/null || pip install -q --no-index .gpu/tools/py_spy*.whl
-  extra=(--profile-dir /root/out/prof-$shape)
+  extra=(--profile-dir "$out/prof-$shape")
 fi
 nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader
 df -h /root | tail -1
 python benchmarks/gpu_native_path.py --geometry benchmarks/geometries/$shape --n 24 \
-  --batch 32 --cpu-bytes $cpu_bytes --mode-timeout 200 --work /root/work-$shape \
-  --out /root/out/gpu-native-path.json "${extra[@]}" "$@" 2>&1 | tee -a /root/out/log-$shape.txt
+  --batch 32 --cpu-bytes $cpu_bytes --mode-timeout 280 --work /root/work-$shape \
+  --out "$out/gpu-native-path.json" "${extra[@]}" "$@" 2>&1 | tee -a "$out/log-$shape.txt"
 rc=${PIPESTATUS[0]}
-[ -d /root/out/prof-$shape ] && tar -C /root/out -czf /root/out/prof-$shape.tgz prof-$shape
-cp /root/out/*.json /root/out/*.txt /root/out/*.tgz "${OUT:-/tmp}/" 2>/dev/null
+[ -d "$out/prof-$shape" ] && tar -C "$out" -czf "$out/prof-$shape.tgz" "prof-$shape" && rm -r "$out/prof-$shape"
 exit $rc

@@ -137,6 +137,8 @@ class VlmCacheConfig:
             evicts its own entries, never another tenant's.
         admission_memory: ``always`` (default) or ``second_sight``: keep a chunk in memory
             only the second time it is offered (one-off content never displaces anything).
+            On the KV path this is vLLM's CPU offload region: with ``second_sight`` a miss
+            copies nothing to the CPU; a block is captured when it is computed again.
         admission_disk: the same for writes to the disk tier.
         admission_ghost_entries: fingerprints the second-sight filter remembers per tier.
         eviction: ``reuse`` (default): entries hit at least once are evicted only after every

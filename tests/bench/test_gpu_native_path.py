@@ -17,3 +17,25 @@ def test_invocations_for_one_shape_merge_their_modes_and_keep_each_command(tmp_p
     assert set(record["modes"]["qwen2vl7b"]) == {"vllm", "vlmcache"}
     assert record["shapes"]["qwen2vl7b"]["targets"]["miss_le_1.05x_recompute"] is True
     assert len(record["commands"]["qwen2vl7b"]) == 2 and "--modes vlmcache" in record["command"]
+
+
+def test_merge_joins_the_result_files_of_several_calls(tmp_path):
+    from vlmcache.bench.gpu_native_path import main
+
+    parts = []
+    for i, (shape, modes) in enumerate([
+            ("qwen2vl7b", {"vllm": {"miss": {"median_ms": 50.0, "all_ms": [50.0]}}}),
+            ("qwen2vl7b", {"vlmcache": {"miss": {"median_ms": 51.0}}}),
+            ("llava7b", {"vllm": {"miss": {"median_ms": 40.0, "all_ms": [40.0]}}})]):
+        part = tmp_path / f"{i}.json"
+        part.write_text(json.dumps({"device": "H100", "modes": {shape: modes},
+                                    "commands": {shape: [f"cmd{i}"]}, "n_batch1": 24,
+                                    "batch": 32, "cpu_bytes": 1}))
+        parts.append(str(part))
+    out = tmp_path / "all.json"
+    main(["--merge", *parts, "--out", str(out)])
+    record = json.loads(out.read_text())
+    assert set(record["modes"]["qwen2vl7b"]) == {"vllm", "vlmcache"}
+    assert record["commands"] == {"qwen2vl7b": ["cmd0", "cmd1"], "llava7b": ["cmd2"]}
+    assert record["shapes"]["qwen2vl7b"]["targets"]["miss_le_1.05x_recompute"] is True
+    assert record["shapes"]["llava7b"]["recompute_ms"] == 40.0 and record["device"] == "H100"

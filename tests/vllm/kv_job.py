@@ -5,6 +5,8 @@
 ``memory``: a memory-only store (``disk_budget: 0``); each seed is asked, vLLM's prefix cache
 is reset, and the seed is asked again (the second answer can only come from vlmcache's CPU
 tier, which lives beside the scheduler while the model runs in another process).
+``memory-second-sight``: the same with ``admission_memory: second_sight``, asked a third
+time (the first computation is not captured, the second is).
 ``disk-async``: ``disk_write: async``; each seed is asked once (the first process stores, a
 second process with the same arguments loads).
 """
@@ -18,7 +20,7 @@ from pathlib import Path
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--mode", choices=("memory", "disk-async"), required=True)
+    parser.add_argument("--mode", choices=("memory", "memory-second-sight", "disk-async"), required=True)
     parser.add_argument("--model", required=True)
     parser.add_argument("--store", required=True)
     parser.add_argument("--out", required=True)
@@ -29,11 +31,12 @@ def main() -> None:
     from vlmcache.config import VlmCacheConfig
     from vlmcache.testing.engine_job import BLOCK_SIZE, engine_args, greedy, make_request
 
-    memory = args.mode == "memory"
+    memory = args.mode.startswith("memory")
+    admission = "second_sight" if args.mode == "memory-second-sight" else "always"
     config = VlmCacheConfig(store_path=args.store, block_size=BLOCK_SIZE,
                             memory_budget=256 * 1024**2, disk_budget=0 if memory else 1024**3,
                             disk_write="async", enable_exact=False,
-                            enable_encoder_cache=False)
+                            enable_encoder_cache=False, admission_memory=admission)
     llm = CachedLLM(args.model, config, engine_args=engine_args())
     results = []
     try:
@@ -41,7 +44,7 @@ def main() -> None:
             first = llm.generate([make_request(seed)], greedy())[0]
             results.append({"seed": seed, "phase": "first", "token_ids": first.token_ids,
                             "report": first.report.to_dict()})
-            if memory:
+            for _ in range((2 if admission == "second_sight" else 1) if memory else 0):
                 llm.llm.reset_prefix_cache()
                 again = llm.generate([make_request(seed)], greedy())[0]
                 results.append({"seed": seed, "phase": "after-reset",

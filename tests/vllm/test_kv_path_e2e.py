@@ -46,6 +46,12 @@ def memory_only(tiny_model, tmp_path_factory) -> list[dict]:
 
 
 @pytest.fixture(scope="module")
+def second_sight(tiny_model, tmp_path_factory) -> list[dict]:
+    tmp = tmp_path_factory.mktemp("kv-second-sight")
+    return _kv_job("memory-second-sight", tiny_model, tmp / "store", tmp / "out.json")
+
+
+@pytest.fixture(scope="module")
 def async_restart(tiny_model, tmp_path_factory) -> tuple[list[dict], list[dict], Path]:
     tmp = tmp_path_factory.mktemp("kv-async")
     first = _kv_job("disk-async", tiny_model, tmp / "store", tmp / "first.json", seeds=(0, 1))
@@ -63,6 +69,18 @@ def test_memory_only_store_hits_with_scheduler_and_worker_in_separate_processes(
     assert report["tokens_loaded"] == stored_prefix(report["prompt_tokens"]) > 0
     assert report["statuses"]["kv_cache"] == "hit"
     assert again["token_ids"] == first["token_ids"] == baseline[0]["token_ids"]
+
+
+def test_second_sight_captures_a_prompt_computed_twice_then_loads_it(second_sight, baseline):
+    first, recomputed, loaded = second_sight
+    assert first["report"]["tokens_loaded"] == 0
+    # not captured the first time: after the reset vLLM's CPU tier has nothing
+    assert recomputed["report"]["tokens_loaded"] == 0
+    assert recomputed["report"]["tokens_from_prefix_cache"] == 0
+    report = loaded["report"]
+    assert report["tokens_loaded"] == stored_prefix(report["prompt_tokens"]) > 0
+    assert first["token_ids"] == recomputed["token_ids"] == loaded["token_ids"]
+    assert loaded["token_ids"] == baseline[0]["token_ids"]
 
 
 def test_async_disk_write_then_restart_loads_the_whole_stored_prefix(async_restart, baseline):

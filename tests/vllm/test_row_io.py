@@ -65,9 +65,9 @@ class _SlowStore(DiskStore):
 
         self.release = threading.Event()
 
-    def put(self, key, tensors, *, tenant=None):
+    def put_row(self, key, name, row, *, tenant=None):
         self.release.wait(10)
-        return super().put(key, tensors, tenant=tenant)
+        return super().put_row(key, name, row, tenant=tenant)
 
 
 def test_a_staged_store_job_finishes_before_its_rows_are_written_and_keeps_their_bytes(

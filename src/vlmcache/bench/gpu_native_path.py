@@ -89,7 +89,8 @@ def _vlmcache_llm(args: argparse.Namespace, engine_args: dict[str, Any]) -> Any:
     config = VlmCacheConfig(store_path=args.store, memory_budget=args.cpu_bytes,
                             disk_budget=args.disk_bytes, enable_encoder_cache=False,
                             enable_exact=False, log_requests=False,
-                            model_revision="dummy-weights", kv_io_threads=args.kv_io_threads)
+                            model_revision="dummy-weights", kv_io_threads=args.kv_io_threads,
+                            admission_memory=args.admission_memory)
     return CachedLLM(args.geometry, config, engine_args=engine_args)
 
 
@@ -237,6 +238,11 @@ def run_mode(mode: str, args: argparse.Namespace) -> dict[str, Any]:
         with PhaseProfile(args, f"{mode}-gpu_hit"):
             out["gpu_hit"] = runner.timed(seeds)
         out["miss_batch"] = runner.batched(batch)
+        if mode.startswith("vlmcache") and args.admission_memory == "second_sight":
+            # the first computation was not captured: compute each prompt again
+            runner.reset_gpu_cache(args.settle)
+            out["miss_again"] = runner.timed(seeds)
+            out["miss_again_batch"] = runner.batched(batch)
         if mode not in BASELINES:
             runner.reset_gpu_cache(args.settle)
             with PhaseProfile(args, f"{mode}-cpu_hit"):
@@ -318,7 +324,15 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--work", default="")
     parser.add_argument("--child", choices=MODES + DIAGNOSTIC_MODES, help=argparse.SUPPRESS)
     parser.add_argument("--child-out", help=argparse.SUPPRESS)
+    parser.add_argument("--admission-memory", default="always",
+                        choices=("always", "second_sight"),
+                        help="vlmcache's admission to vLLM's CPU region (vlmcache modes)")
+    parser.add_argument("--merge", nargs="+", metavar="FILE",
+                        help="merge these result files into --out, and run nothing")
     args = parser.parse_args(argv)
+    if args.merge:
+        merge_files(args.merge, args.out)
+        return
     if args.child:
         Path(args.child_out).write_text(json.dumps(run_mode(args.child, args)))
         return
@@ -337,28 +351,51 @@ def main(argv: Sequence[str] | None = None) -> None:
 def _write(args: argparse.Namespace, argv: Sequence[str] | None, modes: dict[str, Any]) -> None:
     import vllm
 
-    shape = Path(args.geometry).name
     out = Path(args.out)
     record = json.loads(out.read_text()) if out.exists() else {}
     cmd = "python benchmarks/gpu_native_path.py " + shlex.join(
         list(argv) if argv is not None else sys.argv[1:])
     record.update({"device": _device(), "vllm_version": vllm.__version__,
                    "engine": "enforce_eager" if not args.compile else "compiled + CUDA graphs",
-                   "dummy_weights": True, "output_tokens": 1, "n_batch1": args.n,
-                   "batch": args.batch, "cpu_bytes": args.cpu_bytes})
-    # one shape's modes may be run by several invocations on one machine (a device call's
-    # time limit): each keeps the modes the others measured, and its command is kept
-    commands = record.setdefault("commands", {}).setdefault(shape, [])
-    commands = [commands] if isinstance(commands, str) else commands
-    if cmd.strip() not in commands:
-        commands.append(cmd.strip())
-    record["commands"][shape] = commands
+                   "dummy_weights": True, "output_tokens": 1})
+    settings = {"n_batch1": args.n, "batch": args.batch, "cpu_bytes": args.cpu_bytes,
+                "block_size": args.block_size}
+    merge_shape(record, Path(args.geometry).name, [cmd.strip()], modes, settings)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(record, indent=1) + "\n")
+
+
+def merge_shape(record: dict[str, Any], shape: str, commands: list[str],
+                modes: dict[str, Any], settings: dict[str, Any]) -> None:
+    """Add one invocation's modes of ``shape`` to ``record``: one shape's modes may be run
+    by several invocations (a device call's time limit); each keeps the modes the others
+    measured, and every command is kept."""
+    kept = record.setdefault("commands", {}).setdefault(shape, [])
+    kept = [kept] if isinstance(kept, str) else kept
+    kept += [c for c in commands if c not in kept]
+    record["commands"][shape] = kept
     record["command"] = " && ".join(c for cs in record["commands"].values() for c in cs)
     merged = {**record.setdefault("modes", {}).get(shape, {}), **modes}
     record["modes"][shape] = merged
-    record.setdefault("shapes", {})[shape] = shape_summary(merged, args.block_size)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(record, indent=1) + "\n")
+    record.setdefault("settings", {})[shape] = settings
+    record.setdefault("shapes", {})[shape] = shape_summary(merged, settings["block_size"])
+
+
+def merge_files(paths: Sequence[str], out: str) -> None:
+    """``--merge``: the result files of several invocations (e.g. one per device call) as
+    one file, in order (a later file's mode replaces an earlier one's)."""
+    record: dict[str, Any] = {}
+    for path in paths:
+        part = json.loads(Path(path).read_text())
+        for key in ("device", "vllm_version", "engine", "dummy_weights", "output_tokens"):
+            record.setdefault(key, part.get(key))
+        for shape, modes in part.get("modes", {}).items():
+            cmds = part.get("commands", {}).get(shape, [])
+            settings = part.get("settings", {}).get(shape) or {
+                k: part.get(k) for k in ("n_batch1", "batch", "cpu_bytes")} | {"block_size": 16}
+            merge_shape(record, shape, [cmds] if isinstance(cmds, str) else cmds, modes,
+                        settings)
+    Path(out).write_text(json.dumps(record, indent=1) + "\n")
 
 
 if __name__ == "__main__":

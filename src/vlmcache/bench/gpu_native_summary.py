@@ -51,6 +51,10 @@ def shape_summary(modes: dict[str, Any], block_size: int) -> dict[str, Any]:
         "miss_ms": _get(modes, "vlmcache", "miss"),
         "miss_batch_tput_ratio": _ratio(_get(modes, "vlmcache", "miss_batch", "prompt_tok_s"),
                                         _baseline_tput(modes)),
+        # admission_memory: second_sight: the first miss captures nothing, the second does
+        "miss_again_ms": _get(modes, "vlmcache", "miss_again"),
+        "miss_again_batch_tput_ratio": _ratio(
+            _get(modes, "vlmcache", "miss_again_batch", "prompt_tok_s"), _baseline_tput(modes)),
         "gpu_hit_ms": _get(modes, "vlmcache", "gpu_hit"),
         "cpu_hit_ms": _get(modes, "vlmcache", "cpu_hit"),
         "restart_ms": _get(modes, "vlmcache_restart", "restart_hit"),

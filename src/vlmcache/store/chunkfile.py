@@ -19,7 +19,7 @@ import stat
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, Sequence
 
 import safetensors.torch
 import torch
@@ -200,7 +200,7 @@ def read_chunk_into(key: str, path: Path, name: str, out: memoryview
             if not got:
                 raise _ChunkFault(f"truncated: {done} of {nbytes} payload bytes")
             done += got
-    if _u8_checksum(name, out) != sha:
+    if u8_checksum(name, out) != sha:
         raise _ChunkFault("checksum mismatch")
     tenant = (header.get("__metadata__") or {}).get(TENANT_META)
     return sha, nbytes, tenant if isinstance(tenant, str) else None
@@ -216,7 +216,7 @@ def _check_single_u8(header: dict[str, Any], name: str, nbytes: int) -> None:
         raise _ChunkFault(f"tensor {name!r} is not {nbytes} uint8 bytes")
 
 
-def _u8_checksum(name: str, raw: memoryview) -> str:
+def u8_checksum(name: str, raw: memoryview) -> str:
     """:func:`chunk_checksum` of ``{name: uint8 tensor over raw}``, without a tensor."""
     digest = hashlib.sha256()
     desc = json.dumps([name, "uint8", [raw.nbytes]]).encode()
@@ -264,18 +264,32 @@ def file_facts(path: Path, key: str) -> tuple[int, str, str | None]:
     return nbytes, sha, tenant if isinstance(tenant, str) else None
 
 
-def _write_bytes(f: BinaryIO, data: bytes) -> None:
+def _write_bytes(f: BinaryIO, data: bytes | memoryview) -> None:
     """Write ``data`` to ``f`` (a seam for tests simulating a full disk)."""
     f.write(data)
 
 
-def _write_file(path: Path, data: bytes) -> None:
-    """Create ``path`` exclusively (0600, never through a symlink), write ``data``, fsync it."""
+def _write_file(path: Path, data: bytes | Sequence[bytes | memoryview],
+                sync: bool = True) -> None:
+    """Create ``path`` exclusively (0600, never through a symlink), write ``data`` (or its
+    parts, in order), fsync it unless ``sync`` is off."""
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW | getattr(os, "O_BINARY", 0)
     with open(os.open(path, flags, _PRIVATE_FILE), "wb") as f:
-        _write_bytes(f, data)
+        for part in [data] if isinstance(data, bytes) else data:
+            _write_bytes(f, part)
         f.flush()
-        os.fsync(f.fileno())
+        if sync:
+            os.fsync(f.fileno())
+
+
+def u8_chunk_header(name: str, nbytes: int, meta: dict[str, str]) -> bytes:
+    """The safetensors header (length prefix + JSON, space-padded to 8 bytes) of a chunk
+    holding one uint8 tensor ``name`` of ``nbytes``: the payload follows it unchanged."""
+    header = {"__metadata__": meta,
+              name: {"dtype": "U8", "shape": [nbytes], "data_offsets": [0, nbytes]}}
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)
+    return len(text).to_bytes(8, "little") + text
 
 
 def _tmp_path(directory: Path, stem: str) -> Path:

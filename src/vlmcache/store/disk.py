@@ -25,7 +25,7 @@ from vlmcache.store.base import EvictionListener, StoreStats, Tensors, tensors_n
 from vlmcache.store.chunkfile import (
     FORMAT_VERSION, SUFFIX, TENANT_META, _ChunkFault, _Entry, _fsync_dir, _read_chunk, _tmp_path,
     _unlink_quiet, _write_file, check_key, chunk_checksum, file_entry, file_facts,
-    make_private_dir, read_chunk_into, tenant_label,
+    make_private_dir, read_chunk_into, tenant_label, u8_checksum, u8_chunk_header,
     scan_keys,
 )
 from vlmcache.store.ledger import LedgerView, OccupancyLedger
@@ -151,28 +151,46 @@ class DiskStore:
     def put(self, key: str, tensors: Tensors, *, tenant: str | None = None) -> bool:
         """Write the chunk atomically for ``tenant`` (its bytes count against the tenant's
         quota), evicting as the policy says; ``False`` if too large or on faults."""
+        copies = snapshot_tensors(tensors)
+
+        def write(tmp: Path, meta: dict[str, str]) -> None:
+            _write_file(tmp, safetensors.torch.save(copies, metadata=meta))
+
+        return self._put_file(key, tensors_nbytes(copies), chunk_checksum(copies), tenant,
+                              write)
+
+    def put_row(self, key: str, name: str, row: memoryview, *,
+                tenant: str | None = None) -> bool:
+        """:meth:`put` of one uint8 tensor ``name`` written straight from ``row`` (no copy:
+        the caller must not change it until this returns). Not fsynced: a KV row is a cache
+        entry, and one torn by a power cut fails its size or checksum check (a miss)."""
+        def write(tmp: Path, meta: dict[str, str]) -> None:
+            _write_file(tmp, (u8_chunk_header(name, row.nbytes, meta), row), sync=False)
+
+        return self._put_file(key, row.nbytes, u8_checksum(name, row), tenant, write,
+                              durable=False)
+
+    def _put_file(self, key: str, nbytes: int, sha: str, tenant: str | None,
+                  write: Callable[[Path, dict[str, str]], None], durable: bool = True) -> bool:
+        """Write a chunk file with ``write(tmp, metadata)`` and move it into place."""
         path = self.path_for(key)
         tenant = tenant_label(tenant)  # hostile names stay one short ASCII label
-        nbytes = tensors_nbytes(tensors)
         if not self._tenants.fits(nbytes, self.capacity_bytes):
             logger.debug("%s: chunk %s (%d B) exceeds capacity or quota", self.name, key, nbytes)
             return False
-        copies = snapshot_tensors(tensors)
-        sha = chunk_checksum(copies)
         if self._touch_if_unchanged(key, sha, path):
             return True
         meta = {"vlmcache_format": FORMAT_VERSION, "key": key, "sha256": sha}
         if tenant is not None:
             meta[TENANT_META] = tenant
-        data = safetensors.torch.save(copies, metadata=meta)
         tmp = _tmp_path(path.parent, key)
         try:
             make_private_dir(path.parent)
-            _write_file(tmp, data)
+            write(tmp, meta)
         except OSError as exc:
             _unlink_quiet(tmp)
             return self._put_failed(key, exc)
-        return self._commit(key, tmp, path, nbytes, sha, tenant)
+        return self._commit(key, tmp, path, nbytes, sha, tenant, durable)
 
     def delete(self, key: str) -> bool:
         """Drop ``key`` and its file (listeners are not called); ``True`` when it was there."""
@@ -269,7 +287,7 @@ class DiskStore:
             return True
 
     def _commit(self, key: str, tmp: Path, path: Path, nbytes: int, sha: str,
-                tenant: str | None) -> bool:
+                tenant: str | None, durable: bool = True) -> bool:
         """Move a written temp file into place, count it and evict until the root fits."""
         try:
             with self._lock, self._ledger.locked() as led:
@@ -287,7 +305,8 @@ class DiskStore:
         except OSError as exc:
             _unlink_quiet(tmp)
             return self._put_failed(key, exc)
-        _fsync_dir(path.parent)
+        if durable:
+            _fsync_dir(path.parent)
         notify_evicted(self.name, listeners, evicted)
         if flush:
             self._write_manifest()

@@ -100,7 +100,21 @@ class RedisBackedStore:
             tenant: str | None = None) -> bool:
         """Local tiers now (charged to ``tenant``), Redis behind the caller; ``True`` if
         either took it."""
-        kept = self._front_put(key, tensors, owned, tenant)
+        return self._and_redis(self._front_put(key, tensors, owned, tenant), key, tensors,
+                               owned)
+
+    def put_row(self, key: str, name: str, row: memoryview, *,
+                tenant: str | None = None) -> bool:
+        """:meth:`put` of one uint8 tensor ``name`` (the local store writes it in place
+        when it can; Redis gets its own copy)."""
+        local = getattr(self.front, "put_row", None)
+        tensors = {name: torch.frombuffer(bytearray(row), dtype=torch.uint8)}
+        kept = (local(key, name, row, tenant=tenant) if local is not None
+                else self._front_put(key, tensors, True, tenant))
+        return self._and_redis(kept, key, tensors, True)
+
+    def _and_redis(self, kept: bool, key: str, tensors: Tensors, owned: bool) -> bool:
+        """Queue (or write) the chunk to Redis too; ``True`` if either tier took it."""
         queued = self.writer.submit(key, tensors, owned=owned) if self.writer else (
             self.redis.put(key, tensors))
         if kept or queued:

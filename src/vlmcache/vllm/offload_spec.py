@@ -22,6 +22,7 @@ from vllm.v1.kv_offload.tiering.factory import SecondaryTierFactory
 from vllm.v1.kv_offload.tiering.spec import TieringOffloadingSpec
 
 from vlmcache.config import VlmCacheConfig
+from vlmcache.vllm.admission import SecondSightManager
 from vlmcache.vllm.cost import CostModel
 from vlmcache.vllm.offload_tier import TIER_TYPE, cost_model_for
 
@@ -97,6 +98,11 @@ class VlmCacheOffloadingSpec(TieringOffloadingSpec):
     def get_manager(self) -> Any:
         manager = super().get_manager()
         self._unlink_region_file()
+        if self.vlmcache.admission_memory == "second_sight":
+            if not isinstance(self._manager, SecondSightManager):
+                self._manager = SecondSightManager(manager,
+                                                   self.vlmcache.admission_ghost_entries)
+            return self._manager
         return manager
 
     def _unlink_region_file(self) -> None:

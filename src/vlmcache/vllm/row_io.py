@@ -38,7 +38,8 @@ class RowStore(Protocol):
 
     def get_into(self, key: str, name: str, out: memoryview) -> bool: ...
 
-    def put(self, key: str, tensors: Tensors, *, tenant: str | None = None) -> bool: ...
+    def put_row(self, key: str, name: str, row: memoryview, *,
+                tenant: str | None = None) -> bool: ...
 
     def close(self) -> None: ...
 
@@ -144,7 +145,7 @@ class RowMover:
         self._admission = admission  # second sight: a row is written when offered again
         self._admission_lock = threading.Lock()
         self.not_admitted = 0
-        self._behind = (WriteBehind(store, staging_bytes, max(1, threads // 2))
+        self._behind = (WriteBehind(_StagedRows(store), staging_bytes, max(1, threads // 2))
                         if staging_bytes > 0 else None)
 
     @property
@@ -191,8 +192,8 @@ class RowMover:
             staged = {TENSOR_NAME: torch.from_numpy(self._rows[row].copy())}
             if self._behind.try_submit(key, staged, tenant):
                 return self.row_bytes
-        tensors = {TENSOR_NAME: torch.from_numpy(self._rows[row])}
-        return self.row_bytes if self._store.put(key, tensors, tenant=tenant) else -1
+        ok = self._store.put_row(key, TENSOR_NAME, memoryview(self._rows[row]), tenant=tenant)
+        return self.row_bytes if ok else -1
 
     def _load_all(self, job: RowJob) -> tuple[bool, int, int]:
         self._meter.begin()
@@ -213,3 +214,14 @@ class RowMover:
         # straight into vLLM's row, verified there (a failed read leaves garbage in a row
         # vLLM never marks ready: the job fails, the request recomputes)
         return self._store.get_into(key, TENSOR_NAME, memoryview(self._rows[row]))
+
+
+class _StagedRows:
+    """Staged row copies (one uint8 tensor each) -> the store's in-place row writer."""
+
+    def __init__(self, store: RowStore) -> None:
+        self._store = store
+
+    def put(self, key: str, tensors: Tensors, *, tenant: str | None = None) -> bool:
+        row = memoryview(tensors[TENSOR_NAME].numpy())
+        return self._store.put_row(key, TENSOR_NAME, row, tenant=tenant)
