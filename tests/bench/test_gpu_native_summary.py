@@ -49,3 +49,9 @@ def test_the_baseline_pools_both_plain_vllm_runs():
     s = shape_summary(modes, 16)
     assert s["recompute_ms"] == 50.0 and s["recompute_runs_ms"] == [50.0, 70.0]
     assert s["miss_batch_tput_ratio"] == round(19500 / 19000, 3)
+
+
+def test_a_partial_load_fails_when_the_cost_model_chose_load_for_some_requests():
+    modes = _modes(restart_loaded=56.0, restart_stored=64.0)
+    modes["vlmcache_restart"]["restart_hit"]["cost_model_choices"] = ["load", "skip"]
+    assert shape_summary(modes, 16)["targets"]["restart_full_load_when_loaded"] is False

@@ -88,5 +88,10 @@ def _targets(s: dict[str, Any]) -> dict[str, bool | None]:
             "gpu_hit_le_1.05x_vllm_gpu_hit": le("gpu_hit_ms", "vllm_gpu_hit_ms"),
             "cpu_hit_le_1.05x_native_cpu_hit": le("cpu_hit_ms", "native_cpu_hit_ms"),
             "restart_le_1.05x_recompute": le("restart_ms", "recompute_ms"),
-            "restart_full_load_when_loaded": full if s["cost_model_choice"] == "load"
+            # judged whenever the cost model chose a load for any request of the row
+            "restart_full_load_when_loaded": full if "load" in _as_list(s["cost_model_choice"])
             else None}
+
+
+def _as_list(choice: str | list[str] | None) -> list[str]:
+    return [choice] if isinstance(choice, str) else list(choice or [])
