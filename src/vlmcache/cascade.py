@@ -333,5 +333,6 @@ def _image_tier(config: Any, namespace_digest: str) -> ImageEmbeddingTier:
                               verify_threshold=calibration.threshold(  # issue 13
                                   "image_verify", config.image_verify_threshold,
                                   config.max_false_hit_rate, config.calibration_file),
-                              candidates=config.image_candidates)
+                              candidates=config.image_candidates,
+                              shift=config.image_candidate_shift)
 

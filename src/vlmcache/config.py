@@ -71,6 +71,10 @@ class VlmCacheConfig:
         image_verify_threshold: largest verifier distance (aligned RGB thumbnails, 0-1)
             a candidate image may have; ``None`` picks it from the calibration file.
         image_candidates: image candidates verified per lookup.
+        image_candidate_shift: when none of the image's own candidates is verified, the
+            search is repeated with the image shifted by this many 64ths of its side left,
+            right, up and down (moving video frames), for up to ``image_candidates`` more;
+            0: no second search (e.g. for a slow embedder).
         semantic_facet_threshold: lower cosine a paraphrase may have when its facets
             (question kind, negation, colour, shape, number, side) all agree; ``None``
             picks it from the calibration file.
@@ -184,6 +188,7 @@ class VlmCacheConfig:
     max_false_hit_rate: float = 0.01
     image_verify_threshold: float | None = None  # None: from the calibration file
     image_candidates: int = 4
+    image_candidate_shift: int = 5
     semantic_facet_threshold: float | None = None  # None: from the calibration file
     calibration_file: str | None = None  # None: the one shipped with vlmcache
     # --- end issue 13 ---
@@ -364,6 +369,9 @@ def _validate_similarity(cfg: VlmCacheConfig) -> None:
             raise ConfigError(f"{key}: must be in (0, 1] or null (from calibration), got {value}")
     if cfg.image_candidates < 1:
         raise ConfigError(f"image_candidates: must be >= 1, got {cfg.image_candidates}")
+    if not 0 <= cfg.image_candidate_shift <= 16:
+        raise ConfigError(f"image_candidate_shift: must be in [0, 16], got "
+                          f"{cfg.image_candidate_shift}")
 
 
 def _validate_fairness(cfg: VlmCacheConfig) -> None:

@@ -14,6 +14,7 @@ from vlmcache.store.disk import DiskStore
 from vlmcache.store.memory import MemoryStore
 from vlmcache.store.tiered import TieredStore
 from vlmcache.testing.tiny_llava import make_test_image
+from vlmcache.tiers import calibration
 from vlmcache.tiers.image_embedding import (
     ImageEmbeddingTier,
     image_to_tensors,
@@ -97,7 +98,11 @@ def test_index_survives_restart(tmp_path):
     assert np.array_equal(np.asarray(match.image), np.asarray(a))
 
 
-def _colour_tier(root, verify_threshold=0.105):
+#: the shipped calibration's verifier threshold at max_false_hit_rate 0.01
+VERIFY = calibration.threshold("image_verify", None, 0.01)
+
+
+def _colour_tier(root, verify_threshold=VERIFY):
     from vlmcache.embedders.image import ColourLayoutEmbedder
 
     store = TieredStore(MemoryStore(10 * PIXELS), None)
@@ -124,11 +129,35 @@ def test_verifier_refuses_recoloured_and_mirrored_candidates(tmp_path):
     arr = np.asarray(image)
     shifted = Image.fromarray(np.pad(arr, ((2, 0), (0, 0), (0, 0)), mode="edge")[:64])
     match = tier.lookup(shifted, _h(shifted), None)
-    assert match is not None and match.canonical_hash == _h(image) and match.distance < 0.105
+    assert match is not None and match.canonical_hash == _h(image) and match.distance < VERIFY
     recoloured = Image.fromarray(arr[:, :, (2, 0, 1)].copy())
     mirrored = Image.fromarray(arr[:, ::-1].copy())
     for probe in (recoloured, mirrored):
         assert tier.lookup(probe, _h(probe), None) is None
         assert tier.best(probe, _h(probe), None) is None  # best() verifies too
     found = tier.verified_candidates(recoloured, _h(recoloured), None)
-    assert found and found[0][2] > 0.105  # a candidate, refused by the verifier
+    assert found and found[0][2] > VERIFY  # a candidate, refused by the verifier
+
+
+def _frame(x):
+    """A video frame: a 14 px blue disc at column ``x`` on a lilac background."""
+    from PIL import ImageDraw
+
+    image = Image.new("RGB", (64, 64), (230, 210, 240))
+    ImageDraw.Draw(image).ellipse([x, 20, x + 14, 34], fill=(40, 60, 220))
+    return image
+
+
+def test_shifted_search_views_find_a_frame_that_moved(tmp_path):
+    """6 px of motion put the frame under the cosine floor (0.78 < 0.8); the search views
+    shifted by 5 px find it, and the verifier, which registers up to 8 px, accepts it."""
+    first, later = _frame(12), _frame(18)
+    tier = _colour_tier(tmp_path / "views")
+    tier.record(first, _h(first), None)
+    match = tier.lookup(later, _h(later), None)
+    assert match is not None and match.canonical_hash == _h(first)
+    assert match.score > 0.95  # the best view's cosine
+    plain = _colour_tier(tmp_path / "plain")
+    plain.shift = 0
+    plain.record(first, _h(first), None)
+    assert plain.lookup(later, _h(later), None) is None

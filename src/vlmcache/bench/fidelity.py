@@ -316,6 +316,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         llm = _engine(Path(model_dir), store, args)
         tiers = {"image_verify_threshold": llm._cascade.image.verify_threshold,
                  "image_threshold": llm._cascade.image.threshold,
+                 "image_candidates": llm._cascade.image.candidates,
+                 "image_candidate_shift": llm._cascade.image.shift,
                  "semantic_facet_threshold": llm._cascade.text.facet_threshold,
                  "semantic_text_threshold": llm._cascade.text.thresholds}
         try:

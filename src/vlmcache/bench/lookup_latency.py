@@ -21,9 +21,10 @@ Queries are real: a canonical image and question are recorded through the tiers,
 
 Each request is resolved twice: ``fresh`` (nothing memoized) and ``repeated`` (image and
 text embeddings memoized: the rest is search). The split is measured on the same inputs:
-the inner embedders alone (colour-layout of one image; MiniLM of the stripped prompt and the
-question, batched as the text tier does) and the index searches alone (the image search,
-and both text layers' searches under the context ``resolve`` used).
+the inner embedders alone (colour-layout of the image and of its four shifted views, as a
+miss needs; MiniLM of the stripped prompt and the question, batched as the text tier
+does) and the index searches alone (the image searches, one per view as on a miss, and
+both text layers' searches under the context ``resolve`` used).
 """
 
 from __future__ import annotations
@@ -190,14 +191,18 @@ def _one(cascade: Any, im: Any, question: str) -> tuple[dict[str, float], str | 
     image, text = cascade.image, cascade.text
     h, prompt = image_content_hash(im), _prompt(question)
     row: dict[str, float] = {}
-    row["embed_image"], vec = _ms(lambda: image.embedder.inner.embed([im])[0])
+    # the image and its shifted views: what a miss embeds (a hit stops after the image's
+    # own candidates; ImageEmbeddingTier.shifted_views)
+    row["embed_image"], vecs = _ms(
+        lambda: image.embedder.inner.embed([im] + image.shifted_views(im, h)[0]))
     row["embed_text"], tvecs = _ms(
         lambda: text.embedder.inner.embed([strip_placeholders(prompt), question]))
     row["resolve_fresh"], _ = _ms(
         lambda: cascade.resolve(prompt, (h,), None, images=(im,), question=question))
     row["resolve_repeated"], res = _ms(
         lambda: cascade.resolve(prompt, (h,), None, images=(im,), question=question))
-    row["search_image"], _ = _ms(lambda: image.index.search_scope(vec, "None", k=4))
+    row["search_image"], _ = _ms(lambda: [image.index.search_scope(v, "None", k=4)
+                                          for v in vecs])
     scope = query_scope(TextQuery(question, prompt, image_context(res.image_hashes), None))
     row["search_text"], _ = _ms(lambda: [
         text.indexes[layer].search_scope(v, scope, k=4)

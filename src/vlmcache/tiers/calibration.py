@@ -4,10 +4,14 @@ The fidelity benchmark (``benchmarks/fidelity.py --calibration-out FILE``) measu
 easy-vqa's *train* images (the evaluation uses the test images), for each calibrated
 threshold a curve: at each candidate value, how many negatives (requests that must miss:
 recoloured, mirrored, counted-differently images; questions with another meaning) would
-hit, and how many positives would. A tier then takes the most permissive value whose
-95% upper confidence bound on the false-hit rate is at most ``max_false_hit_rate``
-(so a small calibration set cannot promise a bound it did not measure), as vCache does
-for responses. The file is JSON; vlmcache ships one measured by its benchmark.
+hit, and how many positives would. A tier then considers the values whose 95% upper
+confidence bound on the false-hit rate is at most ``max_false_hit_rate`` (so a small
+calibration set cannot promise a bound it did not measure), as vCache does for
+responses, and takes the one that keeps the most positives, each false hit counting as
+``FALSE_HIT_COST`` lost positives (the most permissive among equals): the bound is a
+ceiling, not a target, so a value further out is taken only where the positives it adds
+pay for the false hits it adds. The file is JSON; vlmcache ships one measured by
+its benchmark.
 
 Curves: ``image_verify`` (verifier distance; a hit is ``distance <= t``, larger is more
 permissive) and ``semantic_facet`` (cosine; a hit is ``cosine >= t``, smaller is more
@@ -27,6 +31,9 @@ logger = logging.getLogger(__name__)
 SHIPPED = Path(__file__).with_name("calibration.json")
 #: Used when a curve is missing or unreadable (the strict ends of the measured ranges).
 FALLBACK = {"image_verify": 0.12, "semantic_facet": 0.85}
+#: A calibration false hit (a wrong answer) weighs as much as this many lost positives
+#: (recomputations) when a threshold is picked within the bound.
+FALSE_HIT_COST = 10.0
 #: Whether a larger threshold admits more hits.
 LARGER_IS_PERMISSIVE = {"image_verify": True, "semantic_facet": False}
 
@@ -57,15 +64,18 @@ class CurvePoint:
 
 
 def pick(curve: list[CurvePoint], max_false_hit_rate: float, name: str) -> float:
-    """The most permissive threshold of ``curve`` whose bound is within the rate."""
+    """Among the thresholds of ``curve`` whose bound is within the rate, the one with the
+    most ``hits - FALSE_HIT_COST * false_hits``; the most permissive among equals."""
     larger = LARGER_IS_PERMISSIVE[name]
-    ok = [p.threshold for p in curve if p.false_hit_bound <= max_false_hit_rate]
+    ok = [p for p in curve if p.false_hit_bound <= max_false_hit_rate]
     if not ok:
         logger.warning("calibration: no %s threshold keeps the false-hit rate under %.4f "
                        "(the calibration set is too small or too hard); using %.3f",
                        name, max_false_hit_rate, FALLBACK[name])
         return FALLBACK[name]
-    return max(ok) if larger else min(ok)
+    permissive_first = sorted(ok, key=lambda p: p.threshold, reverse=larger)
+    return max(permissive_first,
+               key=lambda p: p.hits - FALSE_HIT_COST * p.false_hits).threshold
 
 
 def load_curves(path: str | Path | None) -> dict[str, list[CurvePoint]]:

@@ -3,13 +3,16 @@
 A request's image is matched against the canonical images seen before (same namespace,
 same tenant: the tenant's own scope of the index, no scan of other tenants) by an image
 embedder and a FAISS index. The index only proposes candidates (cosine at least
-``threshold``, at most ``candidates`` of them); each is then verified on aligned RGB
-thumbnails (:mod:`vlmcache.tiers.verify`: colour, layout, mirror, objects added or
-removed) and the first whose distance is at most ``verify_threshold`` wins. A hit replaces the image by the
-canonical one: its identity (content hash, hence vLLM's ``multi_modal_uuids``) *and* its
-stored pixels, so a cache that evicted it recomputes the canonical image, never stores the
-new image's KV under the canonical name. Canonical pixels live in a bounded chunk store;
-when the store evicts one, its index entry goes too.
+``threshold``, at most ``candidates`` of them; when none of those is verified, up to
+``candidates`` more from four copies of the image shifted by ``shift`` 64ths of a side,
+each at its best cosine: the embedder tolerates a few pixels of motion, a video frame
+moves more); each is then verified on aligned thumbnails (:mod:`vlmcache.tiers.verify`:
+colour, layout, mirror, objects added or removed) and the first whose distance is at most
+``verify_threshold`` wins. A hit replaces the image by the canonical one: its identity
+(content hash, hence vLLM's ``multi_modal_uuids``) *and* its stored pixels, so a cache
+that evicted it recomputes the canonical image, never stores the new image's KV under the
+canonical name. Canonical pixels live in a bounded chunk store; when the store evicts
+one, its index entry goes too.
 """
 
 from __future__ import annotations
@@ -22,13 +25,13 @@ import threading
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 import torch
 
 from vlmcache.embedders.base import Memoized
-from vlmcache.index.faiss_index import IndexEntry, VectorIndex
+from vlmcache.index.faiss_index import IndexEntry, SearchHit, VectorIndex
 from vlmcache.store.tiered import TieredStore
 from vlmcache.tiers.verify import Prepared, prepare, verify
 
@@ -38,6 +41,11 @@ _MODES = {1: "L", 3: "RGB", 4: "RGBA"}
 SAVE_EVERY = 64
 SAVE_INTERVAL_S = 2.0
 PREPARED_MEMO = 256  # verifier views of canonical images kept (about 60 KB each)
+#: Default shift of the extra candidate-search views, in 64ths of the image side
+#: (``image_candidate_shift``): the colour-layout embedder keeps ~3 px of motion close, a
+#: video frame 6 px on fell under the cosine floor or below lookalikes; the verifier
+#: registers up to 8 px.
+CANDIDATE_SHIFT = 5
 
 
 @dataclass(frozen=True)
@@ -68,6 +76,19 @@ def image_to_tensors(image: Any) -> dict[str, torch.Tensor]:
     return {"pixels": torch.from_numpy(arr.copy())}
 
 
+def shifted_copies(image: Any, shifts: Sequence[tuple[int, int]]) -> list[Any]:
+    """``image`` at 64x64 (area resampling), moved by each (dx, dy) px, edges repeated:
+    what the embedder sees of a frame that moved (the second candidate-search stage)."""
+    from PIL import Image
+
+    small = np.asarray(image.convert("RGB").resize((64, 64), Image.BOX))
+    r = max((max(abs(dx), abs(dy)) for dx, dy in shifts), default=0)
+    padded = np.pad(small, ((r, r), (r, r), (0, 0)), mode="edge")
+    return [Image.fromarray(np.ascontiguousarray(padded[r - dy:r - dy + 64,
+                                                         r - dx:r - dx + 64]))
+            for dx, dy in shifts]
+
+
 def tensors_to_image(tensors: dict[str, torch.Tensor]) -> Any:
     """Inverse of :func:`image_to_tensors`."""
     from PIL import Image
@@ -88,17 +109,20 @@ class ImageEmbeddingTier:
         threshold: cosine similarity a candidate must reach.
         verify_threshold: the verifier distance a candidate may not exceed.
         candidates: candidates verified per lookup, best cosine first.
+        shift: the second search stage's shift in 64ths of a side (0: no second stage).
     """
 
     def __init__(self, index_path: Path, namespace_digest: str, embedder: Memoized,
                  store: TieredStore, threshold: float, hnsw_threshold: int = 20_000,
-                 verify_threshold: float = 0.2, candidates: int = 4) -> None:
+                 verify_threshold: float = 0.2, candidates: int = 4,
+                 shift: int = CANDIDATE_SHIFT) -> None:
         self.namespace_digest = namespace_digest
         self.embedder = embedder
         self.store = store
         self.threshold = threshold
         self.verify_threshold = verify_threshold
         self.candidates = candidates
+        self.shift = shift
         self.index = VectorIndex(embedder.dim, index_path, hnsw_threshold)
         self._prepared: OrderedDict[str, Prepared] = OrderedDict()
         self._prepared_lock = threading.Lock()
@@ -137,27 +161,57 @@ class ImageEmbeddingTier:
 
     def verified_candidates(self, image: Any, content_hash: str,
                             tenant: str | None) -> list[tuple[Any, Any, float]]:
-        """Every candidate (up to ``candidates``) with its verifier distance, whatever
-        its cosine: (index hit, canonical pixels, distance). For calibration."""
+        """Every candidate (up to ``candidates`` per search stage) with its verifier
+        distance, whatever its cosine: (index hit, canonical pixels, distance). For
+        calibration."""
         return list(self._verified(image, content_hash, tenant, False))
 
     def _verified(self, image: Any, content_hash: str, tenant: str | None,
                   thresholded: bool) -> Iterator[tuple[Any, Any, float]]:
-        """(hit, canonical pixels, verifier distance) per candidate, best cosine first."""
-        vec = self.embedder.embed([image], [content_hash])[0]
+        """(hit, canonical pixels, verifier distance) per candidate: the image's own
+        candidates best cosine first, then those its shifted views add."""
         query: Prepared | None = None
-        for hit in self.index.search_scope(vec, str(tenant), k=self.candidates):
-            if thresholded and hit.score < self.threshold:
-                return
-            tensors = self.store.get(hit.entry.key)
-            if tensors is None:  # pixels gone: the entry must go too (lookup only)
-                if thresholded:
-                    self.index.remove([hit.entry.key])
-                continue
-            query = query or prepare(image, (1.0,))
-            verdict = verify(query, self._prepared_view(hit.entry.key, tensors),
-                             good_enough=self.verify_threshold if thresholded else 0.0)
-            yield hit, tensors, verdict.distance
+        seen: set[str] = set()
+        for hits in self._candidate_stages(image, content_hash, tenant, seen):
+            for hit in hits:
+                if hit.score >= self.threshold:  # what a lookup verifies at this stage
+                    seen.add(hit.entry.key)
+                elif thresholded:
+                    break
+                tensors = self.store.get(hit.entry.key)
+                if tensors is None:  # pixels gone: the entry must go too (lookup only)
+                    if thresholded:
+                        self.index.remove([hit.entry.key])
+                    continue
+                query = query or prepare(image, (1.0,))
+                verdict = verify(query, self._prepared_view(hit.entry.key, tensors),
+                                 good_enough=self.verify_threshold if thresholded else 0.0)
+                yield hit, tensors, verdict.distance
+
+    def _candidate_stages(self, image: Any, content_hash: str, tenant: str | None,
+                          seen: set[str]) -> Iterator[list[SearchHit]]:
+        """The ``candidates`` best entries of the tenant's scope for the image; then, only
+        when those were all consumed (no hit), up to ``candidates`` more (not in
+        ``seen``) for its shifted views, each at its best cosine over them, best first."""
+        vec = self.embedder.embed([image], [content_hash])[0]
+        yield self.index.search_scope(vec, str(tenant), k=self.candidates)
+        if not self.shift:
+            return
+        best: dict[str, SearchHit] = {}
+        for vec in self.embedder.embed(*self.shifted_views(image, content_hash)):
+            for hit in self.index.search_scope(vec, str(tenant), k=self.candidates + len(seen)):
+                known = best.get(hit.entry.key)
+                if hit.entry.key not in seen and (known is None or hit.score > known.score):
+                    best[hit.entry.key] = hit
+        yield sorted(best.values(), key=lambda h: -h.score)[:self.candidates]
+
+    def shifted_views(self, image: Any, content_hash: str) -> tuple[list[Any], list[str]]:
+        """The image moved ``shift`` px left, right, up and down (what the second search
+        stage embeds) and their memo keys; none when ``shift`` is 0."""
+        s = self.shift
+        shifts = [(s, 0), (-s, 0), (0, s), (0, -s)] if s else []
+        return (shifted_copies(image, shifts),
+                [f"{content_hash}:shift{dx},{dy}" for dx, dy in shifts])
 
     def _prepared_view(self, key: str, tensors: dict[str, torch.Tensor]) -> Prepared:
         with self._prepared_lock:

@@ -5,19 +5,36 @@ embedders blur away (the shape's colour, a mirror, one more object). The verifie
 small aligned RGB thumbnails:
 
 1. both images -> 64x64 RGB thumbnails (area resampling, a 3x3 blur);
-2. register the candidate onto the query: zoom (crops, rescales) and translation
-   (shifts up to ``MAX_SHIFT`` px of 64), coarse to fine on grey images (16 px, 32, 64);
+2. register the candidate onto the query: zoom (crops down to 90% of a side, rescales)
+   and translation (shifts up to ``MAX_SHIFT`` px of 64), coarse to fine on grey images
+   (16 px, 32, 64); zoom and translation are one mapping of the source, so a shifted,
+   zoomed view shows the source's own pixels from outside the zoomed frame;
 3. fit one brightness gain and offset shared by all channels, on unsaturated values,
    applied with clipping (re-exposure; it cannot turn red into blue: that needs a
    per-channel change);
-4. the distance is the largest local colour difference: per pixel the largest channel
-   difference to the best of the other image's 3x3 neighbours (both ways), averaged over
-   5x5 windows (a misaligned edge averages away, an added, removed or recoloured object
-   of more than a few px does not), or ``CAST_WEIGHT`` times the median pixel's
-   difference (a colour cast over the whole image), in units of 255.
+4. both go to luma + chroma (YCbCr), the chroma blurred over 3x3 px and weighted
+   ``CHROMA_WEIGHT``: JPEG keeps chroma at half resolution and quantizes it coarsely, so
+   re-encoding smears and pales the colour of small shapes along their edges, while a
+   recolour changes it over the whole object;
+5. the distance is the largest of three terms, in units of 255:
+
+   - the largest local difference: per pixel the largest luma/chroma difference to the
+     best of the other image's 3x3 neighbours (both ways), averaged over 5x5 windows (a
+     misaligned edge averages away, an added, removed or recoloured object of more than a
+     few px does not);
+   - ``CAST_WEIGHT`` times the median pixel's difference (a colour cast over the image);
+   - ``TINT_WEIGHT`` times the median chroma difference (Cb or Cr): the image's colour
+     balance. Noise averages out of a median, a brightness change is fitted away, and
+     JPEG moves a flat colour's chroma by at most ~2 levels (its quantization step for
+     the block mean, at quality 35); another picture of the same scene on a slightly
+     different background, lighting or white balance moves it by more;
+
+6. an object may not leave the frame: if registration moves more than ``LOST_MAX`` of the
+   candidate's foreground (pixels away from its border colour) outside the query's frame
+   (a shape shifted or zoomed out of view, i.e. removed), the distance is 1.
 
 A candidate passes when that distance is at most the tier's verify threshold (calibrated
-on the fidelity benchmark). Numpy only.
+on the fidelity benchmark's train images). Numpy only.
 """
 
 from __future__ import annotations
@@ -29,12 +46,28 @@ import numpy as np
 
 SIZE = 64
 MAX_SHIFT = 8
-#: Candidate zooms (the candidate's central 1/z, resized back): crops of 95-100% of a side
-#: and their inverses (the query is the wider view).
-ZOOMS = (1.0, 1 / 0.975, 1 / 0.95, 0.95)
+#: Candidate zooms (the candidate's central 1/z, resized back): crops of 90-100% of a side,
+#: and 95% the other way (the query is the wider view).
+ZOOMS = (1.0, 1 / 0.975, 1 / 0.95, 1 / 0.925, 1 / 0.9, 0.95)
 _BOX = 5
 #: A colour cast over the whole image (the median pixel's difference) counts this much.
 CAST_WEIGHT = 3.0
+#: Chroma (Cb, Cr) differences count this much against luma: a pure hue change moves
+#: chroma by about half of what it moves the largest RGB channel.
+CHROMA_WEIGHT = 2.0
+#: Luma differences count this much: a low-contrast grey object added (~50 levels) must
+#: stand well above re-encoding errors, which are mostly chroma.
+LUMA_WEIGHT = 1.5
+#: The median chroma difference counts this much: 2 levels (about the most JPEG q35
+#: moves a flat colour) give 0.16.
+TINT_WEIGHT = 20.0
+#: The share of the candidate's foreground that may leave the query's frame.
+LOST_MAX = 0.5
+#: A pixel differing from the image's median border colour by more than this (0-255, any
+#: channel) is foreground.
+FOREGROUND_LEVEL = 24.0
+_YCC = np.array([[0.299, 0.587, 0.114], [-0.1687, -0.3313, 0.5], [0.5, -0.4187, -0.0813]],
+                dtype=np.float32)
 
 
 @dataclass(frozen=True)
@@ -49,12 +82,14 @@ class Verdict:
 
 @dataclass(frozen=True)
 class Prepared:
-    """One image as the verifier sees it: its thumbnail and, per zoom in ``ZOOMS``,
-    zero-mean grey images at 16 and 32 px, edge-padded for the translation search."""
+    """One image as the verifier sees it: its thumbnail, its foreground and, per zoom in
+    ``ZOOMS``, zero-mean grey images at 16 and 32 px with a border for the translation
+    search (the source's own pixels; its edge repeated only outside the source)."""
 
     thumb: np.ndarray  # (3, 64, 64) float32, 0-255 (channel-first: fast channel max)
     grey16: tuple[np.ndarray, ...]
     grey32: tuple[np.ndarray, ...]
+    foreground: np.ndarray  # (64, 64) bool: away from the median border colour
 
 
 _PAD16, _PAD32, _PAD64 = MAX_SHIFT // 4, MAX_SHIFT // 2 + 1, MAX_SHIFT + 2
@@ -73,9 +108,10 @@ def prepare(image: Any, zooms: Sequence[float] = ZOOMS) -> Prepared:
     """What :func:`verify` needs of an image (memoize it for cached images; a query
     needs only zoom 1: ``zooms=(1.0,)``)."""
     thumb = thumbnail(image)
-    greys = [_grey(_zoomed(thumb, z)) for z in zooms]
-    return Prepared(thumb, tuple(np.pad(_down(g, 4), _PAD16, mode="edge") for g in greys),
-                    tuple(np.pad(_down(g, 2), _PAD32, mode="edge") for g in greys))
+    greys = [_grey_padded(thumb, z) for z in zooms]  # 64 px + _PAD64 each side
+    edge = _PAD64 - 4 * _PAD16
+    return Prepared(thumb, tuple(_down(g[edge:-edge, edge:-edge], 4) for g in greys),
+                    tuple(_down(g, 2) for g in greys), _foreground(thumb))
 
 
 def verify(query: Prepared, candidate: Prepared, good_enough: float = 0.0) -> Verdict:
@@ -95,25 +131,47 @@ def verify(query: Prepared, candidate: Prepared, good_enough: float = 0.0) -> Ve
         err, dx, dy = _search(q32, c32, _PAD32, (2 * dx, 2 * dy), 1)
         trials.append((err, zoom, dx, dy))
         if zoom == 1.0:
-            best = _refined(query.thumb, grey_q, candidate.thumb, zoom, dx, dy)
+            best = _refined(query.thumb, grey_q, candidate, zoom, dx, dy)
             if best.distance <= good_enough:
                 return best
     others = [t for t in trials if t[1] != 1.0]
     if not others:  # a candidate prepared at zoom 1 only
         return best
     _, zoom, dx, dy = min(others)
-    other = _refined(query.thumb, grey_q, candidate.thumb, zoom, dx, dy)
+    other = _refined(query.thumb, grey_q, candidate, zoom, dx, dy)
     return other if other.distance < best.distance else best
 
 
-def _refined(query: np.ndarray, grey_q: np.ndarray, cand: np.ndarray, zoom: float,
+def _refined(query: np.ndarray, grey_q: np.ndarray, cand: Prepared, zoom: float,
              dx: int, dy: int) -> Verdict:
     """Translation refined at 64 px around the 32 px estimate, then the distance."""
-    rgb = _zoomed(cand, zoom)
-    grey = np.pad(_grey(rgb), _PAD64, mode="edge")
-    _, dx, dy = _search(grey_q, grey, _PAD64, (2 * dx, 2 * dy), 2)
+    _, dx, dy = _search(grey_q, _grey_padded(cand.thumb, zoom), _PAD64, (2 * dx, 2 * dy), 2)
     dx, dy = (int(np.clip(d, -MAX_SHIFT, MAX_SHIFT)) for d in (dx, dy))
-    return Verdict(_distance(query, rgb, dx, dy), dx, dy, zoom)
+    if _lost(cand.foreground, zoom, dx, dy) > LOST_MAX:
+        return Verdict(1.0, dx, dy, zoom)
+    return Verdict(_distance(query, cand.thumb, zoom, dx, dy), dx, dy, zoom)
+
+
+def _foreground(thumb: np.ndarray) -> np.ndarray:
+    """Pixels away from the median border colour by more than ``FOREGROUND_LEVEL``."""
+    border = np.concatenate([thumb[:, 0], thumb[:, -1], thumb[:, :, 0], thumb[:, :, -1]],
+                            axis=1)
+    background = np.median(border, axis=1)
+    return np.abs(thumb - background[:, None, None]).max(axis=0) > FOREGROUND_LEVEL
+
+
+def _lost(foreground: np.ndarray, zoom: float, dx: int, dy: int) -> float:
+    """The share of ``foreground`` that zoom (about the centre) then shift put outside
+    the frame: what the query cannot show, e.g. a shape moved out of view."""
+    total = int(foreground.sum())
+    if total == 0:
+        return 0.0
+    centre = (SIZE - 1) / 2
+    pos = centre + (np.arange(SIZE) - centre) * zoom
+    inside_y = np.abs(pos + dy - centre) <= centre + 0.5
+    inside_x = np.abs(pos + dx - centre) <= centre + 0.5
+    kept = int(foreground[inside_y][:, inside_x].sum())
+    return 1.0 - kept / total
 
 
 def _grey(rgb: np.ndarray) -> np.ndarray:
@@ -132,17 +190,33 @@ def _box(arr: np.ndarray, k: int) -> np.ndarray:
     return (c[k:k + h, k:k + w] - c[:h, k:k + w] - c[k:k + h, :w] + c[:h, :w]) / (k * k)
 
 
-def _zoomed(thumb: np.ndarray, zoom: float) -> np.ndarray:
-    """Zoom (3, H, W) about the centre, bilinear (>1 crops in, <1 shows more)."""
-    if zoom == 1.0:
+def _zoomed(thumb: np.ndarray, zoom: float, dx: int = 0, dy: int = 0,
+            border: int = 0) -> np.ndarray:
+    """(3, 64, 64) zoomed about the centre (>1 crops in, <1 shows more), then moved by
+    (dx, dy), sampled bilinearly on the frame plus ``border`` px each side. One mapping
+    from the source, so a move brings in the source's own pixels from outside the zoomed
+    view; only outside the source does its edge repeat."""
+    if zoom == 1.0 and dx == dy == border == 0:
         return thumb
+    (ly, hy, wy), (lx, hx, wx) = (_taps(zoom, d, border) for d in (dy, dx))
+    rows = thumb[:, ly] * (1 - wy)[None, :, None] + thumb[:, hy] * wy[None, :, None]
+    return rows[:, :, lx] * (1 - wx)[None, None, :] + rows[:, :, hx] * wx[None, None, :]
+
+
+def _taps(zoom: float, d: int, border: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Bilinear taps (low, high, weight) of one axis of :func:`_zoomed`."""
     centre = (SIZE - 1) / 2
-    pos = np.clip(centre + (np.arange(SIZE) - centre) / zoom, 0, SIZE - 1)
+    out = np.arange(-border, SIZE + border)
+    pos = np.clip(centre + (out - d - centre) / zoom, 0, SIZE - 1)
     lo = np.floor(pos).astype(int)
-    hi = np.minimum(lo + 1, SIZE - 1)
-    w = (pos - lo).astype(np.float32)
-    rows = thumb[:, lo] * (1 - w)[None, :, None] + thumb[:, hi] * w[None, :, None]
-    return rows[:, :, lo] * (1 - w)[None, None, :] + rows[:, :, hi] * w[None, None, :]
+    return lo, np.minimum(lo + 1, SIZE - 1), (pos - lo).astype(np.float32)
+
+
+def _grey_padded(thumb: np.ndarray, zoom: float) -> np.ndarray:
+    """Grey of the zoomed thumbnail with a ``_PAD64``-px border of the source's own
+    pixels, minus the frame's mean (for the translation search)."""
+    grey = _zoomed(thumb.mean(axis=0, keepdims=True), zoom, border=_PAD64)[0]
+    return grey - grey[_PAD64:-_PAD64, _PAD64:-_PAD64].mean()
 
 
 def _down(grey: np.ndarray, f: int) -> np.ndarray:
@@ -165,30 +239,47 @@ def _search(query: np.ndarray, padded: np.ndarray, pad: int, centre: tuple[int, 
     return float(errs[iy, ix]), pad - x0 - int(ix), pad - y0 - int(iy)
 
 
-def _distance(query: np.ndarray, cand: np.ndarray, dx: int, dy: int) -> float:
-    """Largest 5x5-window colour difference after a shared gain/offset, over the whole
-    query: where the shifted candidate has no pixels its edge repeats, so content that
-    entered or left the frame counts as a difference (a miss, never a wrong answer).
+def _distance(query: np.ndarray, cand: np.ndarray, zoom: float, dx: int, dy: int) -> float:
+    """The largest of the local, cast and tint terms (module docstring) after a shared
+    gain/offset, over the whole query: where the shifted candidate has no pixels its edge
+    repeats, so content that entered the frame counts as a difference (a miss, never a
+    wrong answer; content that left it is :func:`_lost`'s).
 
     Each pixel is compared with the best of the other image's 3x3 neighbours, both ways
     (sub-pixel misregistration costs nothing; a thin object added or removed still does).
     """
-    pad = MAX_SHIFT + 1
-    padded = np.pad(cand, ((0, 0), (pad, pad), (pad, pad)), mode="edge")
-    moved = padded[:, pad - dy - 1:pad - dy + SIZE + 1, pad - dx - 1:pad - dx + SIZE + 1]
+    fitted = _exposed(query, _zoomed(cand, zoom, dx, dy, border=1))
+    rest = query - fitted[:, 1:-1, 1:-1]
+    cast = float(np.median(np.abs(rest).max(axis=0)))
+    # the colour balance: median Cb / Cr difference (noise and small objects drop out)
+    tint = float(np.abs(np.median(np.tensordot(_YCC[1:], rest, axes=(1, 0))
+                                  .reshape(2, -1), axis=1)).max())
+    query, fitted = _luma_chroma(query), _luma_chroma(fitted)
+    there = np.pad(query, ((0, 0), (1, 1), (1, 1)), mode="edge")
+    diff = np.maximum(_nearest(query, fitted), _nearest(fitted[:, 1:-1, 1:-1], there))
+    local = float(_box(diff, _BOX).max())
+    return min(1.0, max(local, CAST_WEIGHT * cast, TINT_WEIGHT * tint) / 255.0)
+
+
+def _exposed(query: np.ndarray, moved: np.ndarray) -> np.ndarray:
+    """``moved`` under the one gain and offset (all channels) that best match ``query``,
+    fitted on unsaturated values (brightening clips at 255) and applied with clipping."""
     q, c = query.reshape(-1), moved[:, 1:-1, 1:-1].reshape(-1)
-    keep = (q < 250) & (q > 5)  # fit on unsaturated values: brightening clips at 255
+    keep = (q < 250) & (q > 5)
     q, c = (q[keep], c[keep]) if keep.sum() > 64 else (q, c)
     var = float(c.var())
     gain = float(np.clip(((q - q.mean()) * (c - c.mean())).mean() / var, 0.7, 1.45)) \
         if var > 1e-6 else 1.0
     offset = float(np.clip(q.mean() - gain * c.mean(), -40.0, 40.0))
-    fitted = np.clip(gain * moved + offset, 0.0, 255.0)
-    there = np.pad(query, ((0, 0), (1, 1), (1, 1)), mode="edge")
-    diff = np.maximum(_nearest(query, fitted), _nearest(fitted[:, 1:-1, 1:-1], there))
-    local = float(_box(diff, _BOX).max())
-    cast = float(np.median(np.abs(query - fitted[:, 1:-1, 1:-1]).max(axis=0)))
-    return max(local, CAST_WEIGHT * cast) / 255.0
+    return np.clip(gain * moved + offset, 0.0, 255.0)
+
+
+def _luma_chroma(rgb: np.ndarray) -> np.ndarray:
+    """(3, H, W) RGB -> luma and weighted, 3x3-blurred chroma (see the module docstring)."""
+    ycc = np.tensordot(_YCC, rgb, axes=(1, 0))
+    ycc[0] *= LUMA_WEIGHT
+    ycc[1:] = CHROMA_WEIGHT * _box(ycc[1:].transpose(1, 2, 0), 3).transpose(2, 0, 1)
+    return ycc
 
 
 def _nearest(image: np.ndarray, other_padded: np.ndarray) -> np.ndarray:
