@@ -7,7 +7,6 @@ import logging
 import os
 import stat
 
-import pytest
 
 import vlmcache.tiers.exact as exact_mod
 from vlmcache.tiers.exact import ExactTextTier

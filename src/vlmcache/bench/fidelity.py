@@ -36,7 +36,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from vlmcache.bench.fidelity_data import Probe, ShapeAttrs, answer, easy_vqa_split, video
+from vlmcache.bench.fidelity_data import Probe, ShapeAttrs, easy_vqa_split, video
 from vlmcache.bench.fidelity_text import COUNT_PAIR, SIDE_PAIR, facet_changes, wide_paraphrase
 from vlmcache.bench.fidelity_variants import BENIGN, HARD, shape_mask
 
