@@ -82,12 +82,18 @@ def chunk_checksum(tensors: Tensors) -> str:
     digest = hashlib.sha256()
     for name in sorted(tensors):
         tensor = tensors[name]
-        desc = json.dumps([name, str(tensor.dtype).removeprefix("torch."), list(tensor.shape)])
         raw = tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy()
-        for part in (desc.encode(), raw):
-            digest.update(len(part).to_bytes(8, "little"))
-            digest.update(part)
+        _digest_tensor(digest, name, str(tensor.dtype).removeprefix("torch."),
+                       list(tensor.shape), raw)
     return digest.hexdigest()
+
+
+def _digest_tensor(digest: Any, name: str, dtype: str, shape: list[int], raw: Any) -> None:
+    """One tensor's part of :func:`chunk_checksum` (the one place its format lives)."""
+    for part in (json.dumps([name, dtype, shape]).encode(), raw):
+        digest.update(len(part).to_bytes(8, "little") if isinstance(part, bytes)
+                      else memoryview(part).nbytes.to_bytes(8, "little"))
+        digest.update(part)  # hashlib drops the GIL for large buffers: readers run in parallel
 
 
 def _parse_header(data: bytes) -> dict[str, Any]:
@@ -219,10 +225,7 @@ def _check_single_u8(header: dict[str, Any], name: str, nbytes: int) -> None:
 def u8_checksum(name: str, raw: memoryview) -> str:
     """:func:`chunk_checksum` of ``{name: uint8 tensor over raw}``, without a tensor."""
     digest = hashlib.sha256()
-    desc = json.dumps([name, "uint8", [raw.nbytes]]).encode()
-    for part in (desc, raw):
-        digest.update(len(part).to_bytes(8, "little"))
-        digest.update(part)  # hashlib drops the GIL for large buffers: readers run in parallel
+    _digest_tensor(digest, name, "uint8", [raw.nbytes], raw)
     return digest.hexdigest()
 
 
