@@ -10,7 +10,8 @@ def test_invocations_for_one_shape_merge_their_modes_and_keep_each_command(tmp_p
 
     out = tmp_path / "r.json"
     args = argparse.Namespace(geometry="benchmarks/geometries/qwen2vl7b", out=str(out),
-                              compile=False, n=12, batch=32, cpu_bytes=1, block_size=16)
+                              compile=False, n=12, batch=32, cpu_bytes=1, block_size=16,
+                              admission_memory="always")
     _write(args, ["--modes", "vllm"], {"vllm": {"miss": {"median_ms": 50.0}}})
     _write(args, ["--modes", "vlmcache"], {"vlmcache": {"miss": {"median_ms": 51.0}}})
     record = json.loads(out.read_text())
@@ -39,3 +40,19 @@ def test_merge_joins_the_result_files_of_several_calls(tmp_path):
     assert record["commands"] == {"qwen2vl7b": ["cmd0", "cmd1"], "llava7b": ["cmd2"]}
     assert record["shapes"]["qwen2vl7b"]["targets"]["miss_le_1.05x_recompute"] is True
     assert record["shapes"]["llava7b"]["recompute_ms"] == 40.0 and record["device"] == "H100"
+
+
+def test_modes_take_an_admission_variant_and_unknown_names_are_refused():
+    import argparse
+
+    import pytest
+
+    from vlmcache.bench.gpu_native_path import _mode
+
+    assert _mode("vlmcache_restart@second_sight") == "vlmcache_restart@second_sight"
+    with pytest.raises(argparse.ArgumentTypeError, match="only vlmcache modes"):
+        _mode("vllm@second_sight")
+    with pytest.raises(argparse.ArgumentTypeError, match="one of always, second_sight"):
+        _mode("vlmcache@sometimes")
+    with pytest.raises(argparse.ArgumentTypeError, match="unknown mode 'vlm'"):
+        _mode("vlm")

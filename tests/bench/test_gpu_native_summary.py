@@ -55,3 +55,14 @@ def test_a_partial_load_fails_when_the_cost_model_chose_load_for_some_requests()
     modes = _modes(restart_loaded=56.0, restart_stored=64.0)
     modes["vlmcache_restart"]["restart_hit"]["cost_model_choices"] = ["load", "skip"]
     assert shape_summary(modes, 16)["targets"]["restart_full_load_when_loaded"] is False
+
+
+def test_an_admission_variant_is_judged_against_the_same_peers():
+    modes = _modes()
+    modes["vlmcache@second_sight"] = {"miss": _row(80.0), "miss_batch": {"prompt_tok_s": 10000}}
+    s = shape_summary(modes, 16)
+    assert s["miss_ms"] == 62.0  # the default's rows are unchanged
+    variant = s["variants"]["second_sight"]
+    assert variant["miss_ms"] == 80.0 and variant["recompute_ms"] == 60.0
+    assert variant["miss_batch_tput_ratio"] == 0.5 and variant["restart_ms"] is None
+    assert variant["targets"]["miss_le_1.05x_recompute"] is False

@@ -11,7 +11,9 @@ output token, dummy weights, ``benchmarks/geometries/``):
   reading its fs tier;
 - ``vlmcache`` / ``vlmcache_restart``: ``CachedLLM`` on vlmcache's KV path (vLLM's
   offloading connector + vlmcache's persistent tier and cost model): capture (miss), GPU
-  hit, CPU hit, batched; then a new process on the same store.
+  hit, CPU hit, batched; then a new process on the same store. ``vlmcache@second_sight``
+  (and ``vlmcache_restart@second_sight``) run them with another ``admission_memory`` than
+  ``--admission-memory``, on a store of their own, recorded beside the default's rows.
 
 Every row says what was reused: tokens loaded, from vLLM's prefix cache, computed. One mode
 failing records its error and the others go on; results are rewritten after every mode.
@@ -34,6 +36,7 @@ from typing import Any, Sequence
 
 from vlmcache.bench.gpu_native_summary import BASELINES, shape_summary
 from vlmcache.bench.phase_timing import PHASES, PhaseProfile, phase_medians, phases
+from vlmcache.config import VlmCacheConfig
 
 MODES = ("vllm", "vlmcache", "vlmcache_restart", "native_cpu", "native_tiering",
          "native_tiering_restart", "vllm_repeat")
@@ -42,6 +45,7 @@ MODES = ("vllm", "vlmcache", "vlmcache_restart", "native_cpu", "native_tiering",
 DIAGNOSTIC_MODES = ("native_tiering_cpu",)
 WARMUP_SEEDS = (9000, 9001, 9002)
 BATCH_SEED0 = 100
+ADMISSIONS = ("always", "second_sight")
 HASH_ENV = {"PYTHONHASHSEED": "0"}  # vLLM's block hashes reproducible across restarts
 QUESTION = ("Describe the scene in this picture in detail: the objects, their colours and "
             "positions, and any text that can be read in it.")
@@ -299,6 +303,18 @@ def _end_group(proc: subprocess.Popen[str], flush_s: float) -> None:
     time.sleep(2.0)  # the driver frees a killed engine's GPU memory
 
 
+def _mode(name: str) -> str:
+    """A mode, or a vlmcache mode with another admission (``vlmcache@second_sight``)."""
+    base, at, admission = name.partition("@")
+    if base not in MODES + DIAGNOSTIC_MODES:
+        raise argparse.ArgumentTypeError(
+            f"unknown mode {base!r}: one of {', '.join(MODES + DIAGNOSTIC_MODES)}")
+    if at and (not base.startswith("vlmcache") or admission not in ADMISSIONS):
+        raise argparse.ArgumentTypeError(
+            f"{name!r}: only vlmcache modes take @admission, one of {', '.join(ADMISSIONS)}")
+    return name
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--geometry", default="benchmarks/geometries/qwen2vl7b")
@@ -322,10 +338,10 @@ def main(argv: Sequence[str] | None = None) -> None:
                         help="py-spy collapsed stacks of the batch-1 phases (py-spy on PATH)")
     parser.add_argument("--store", default="")
     parser.add_argument("--work", default="")
-    parser.add_argument("--child", choices=MODES + DIAGNOSTIC_MODES, help=argparse.SUPPRESS)
+    parser.add_argument("--child", type=_mode, help=argparse.SUPPRESS)
     parser.add_argument("--child-out", help=argparse.SUPPRESS)
-    parser.add_argument("--admission-memory", default="always",
-                        choices=("always", "second_sight"),
+    parser.add_argument("--admission-memory", default=VlmCacheConfig().admission_memory,
+                        choices=ADMISSIONS,
                         help="vlmcache's admission to vLLM's CPU region (vlmcache modes)")
     parser.add_argument("--merge", nargs="+", metavar="FILE",
                         help="merge these result files into --out, and run nothing")
@@ -333,8 +349,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     if args.merge:
         merge_files(args.merge, args.out)
         return
+    modes_asked = [_mode(m) for m in args.modes.split(",")]
     if args.child:
-        Path(args.child_out).write_text(json.dumps(run_mode(args.child, args)))
+        base, _, admission = args.child.partition("@")
+        if admission:  # a variant: its own admission and its own store
+            args.admission_memory, args.store = admission, f"{args.store}-{admission}"
+        Path(args.child_out).write_text(json.dumps(run_mode(base, args)))
         return
     args.work = args.work or tempfile.mkdtemp(prefix="vlmcache-native-")
     Path(args.work).mkdir(parents=True, exist_ok=True)
@@ -342,7 +362,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     forwarded = [a for a in (argv if argv is not None else sys.argv[1:])]
     forwarded += ["--store", args.store, "--work", args.work]
     modes: dict[str, Any] = {}
-    for mode in args.modes.split(","):
+    for mode in modes_asked:
         modes[mode] = _run_child(mode, args, forwarded)
         print(mode, json.dumps(modes[mode])[-1500:], flush=True)
         _write(args, argv, modes)  # a run cut short keeps what it measured
@@ -359,7 +379,7 @@ def _write(args: argparse.Namespace, argv: Sequence[str] | None, modes: dict[str
                    "engine": "enforce_eager" if not args.compile else "compiled + CUDA graphs",
                    "dummy_weights": True, "output_tokens": 1})
     settings = {"n_batch1": args.n, "batch": args.batch, "cpu_bytes": args.cpu_bytes,
-                "block_size": args.block_size}
+                "block_size": args.block_size, "admission_memory": args.admission_memory}
     merge_shape(record, Path(args.geometry).name, [cmd.strip()], modes, settings)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(record, indent=1) + "\n")

@@ -72,7 +72,17 @@ def shape_summary(modes: dict[str, Any], block_size: int) -> dict[str, Any]:
                                   "cost_model_reason"),
     }
     s["targets"] = _targets(s)
+    variants = sorted({m.partition("@")[2] for m in modes if "@" in m})
+    if variants:  # vlmcache modes run with another admission (``vlmcache@second_sight``)
+        s["variants"] = {v: shape_summary(_as_default(modes, v), block_size) for v in variants}
     return s
+
+
+def _as_default(modes: dict[str, Any], variant: str) -> dict[str, Any]:
+    """The peers' modes plus ``variant``'s vlmcache modes under the default's names."""
+    peers = {m: r for m, r in modes.items() if "@" not in m and not m.startswith("vlmcache")}
+    ours = {m.partition("@")[0]: r for m, r in modes.items() if m.endswith(f"@{variant}")}
+    return {**peers, **ours}
 
 
 def _targets(s: dict[str, Any]) -> dict[str, bool | None]:
