@@ -66,3 +66,13 @@ def test_an_admission_variant_is_judged_against_the_same_peers():
     assert variant["miss_ms"] == 80.0 and variant["recompute_ms"] == 60.0
     assert variant["miss_batch_tput_ratio"] == 0.5 and variant["restart_ms"] is None
     assert variant["targets"]["miss_le_1.05x_recompute"] is False
+
+
+def test_a_restart_with_nothing_stored_reports_the_captures_choice_not_to_write():
+    modes = _modes(restart_loaded=0.0, restart_stored=0.0, choice="skip")
+    modes["vlmcache_restart"]["restart_hit"]["cost_model_choices"] = []
+    modes["vlmcache"]["miss"]["cost_model_choices"] = ["skip"]
+    modes["vlmcache"]["miss"]["cost_model_reason"] = "predicted load 900 ms >= recompute 40 ms"
+    s = shape_summary(modes, 16)
+    assert s["cost_model_choice"] == "skip" and s["cost_model_reason"].startswith("predicted")
+    assert s["targets"]["restart_full_load_when_loaded"] is None

@@ -72,8 +72,10 @@ def cached_llm(tiny_model, store_dir, first_process, baseline):
     from vlmcache.api import CachedLLM
     from vlmcache.config import VlmCacheConfig
 
+    # the tests ask a prompt once and check what it stored (the default, second sight,
+    # is tested in test_kv_path_e2e and through the server)
     config = VlmCacheConfig(store_path=str(store_dir), block_size=BLOCK_SIZE, disk_write="sync",
-                            memory_budget=TEST_MEMORY_BUDGET)
+                            memory_budget=TEST_MEMORY_BUDGET, admission_memory="always")
     llm = CachedLLM(str(tiny_model), config, engine_args=engine_args())
     yield llm
     llm.close()

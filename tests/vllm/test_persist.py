@@ -139,7 +139,9 @@ def test_rows_must_be_bytes():
 
 def test_rows_the_cost_model_would_never_load_are_not_written(tmp_path):
     t = tier(tmp_path, rows(), prefill=1e12, read=1.0)  # loading can never win
-    t.submit_store(1, [b"k0"], [0])
+    t.submit_store(1, [b"k0"], [0], "r1")
     assert [o.success for o in t.finished()] == [True]
     assert not list((tmp_path / "chunks").rglob("*.safetensors"))
     assert not tier(tmp_path, rows()).lookup(b"k0", "r")
+    params = t.ledger.pop("r1").to_params()  # the capturing request's report says why
+    assert params["cost_model_choice"] == "skip" and "recompute" in params["cost_model_reason"]

@@ -37,6 +37,10 @@ def shape_summary(modes: dict[str, Any], block_size: int) -> dict[str, Any]:
     """The figures the issue's targets are judged on (None where a mode failed)."""
     prompt = _get(modes, "vlmcache_restart", "restart_hit", "prompt_tokens")
     choices = _get(modes, "vlmcache_restart", "restart_hit", "cost_model_choices") or []
+    reason = _get(modes, "vlmcache_restart", "restart_hit", "cost_model_reason")
+    if not choices:  # nothing stored to decide on: the capture's choice not to write it
+        choices = _get(modes, "vlmcache", "miss", "cost_model_choices") or []
+        reason = _get(modes, "vlmcache", "miss", "cost_model_reason")
     s: dict[str, Any] = {
         "recompute_ms": _baseline(modes, "miss"),
         "recompute_runs_ms": [_get(modes, m, "miss") for m in BASELINES if m in modes],
@@ -68,8 +72,7 @@ def shape_summary(modes: dict[str, Any], block_size: int) -> dict[str, Any]:
         "restart_tokens_loadable": (int(prompt) - 1) // block_size * block_size
         if prompt else None,
         "cost_model_choice": choices[0] if len(choices) == 1 else (choices or None),
-        "cost_model_reason": _get(modes, "vlmcache_restart", "restart_hit",
-                                  "cost_model_reason"),
+        "cost_model_reason": reason,
     }
     s["targets"] = _targets(s)
     variants = sorted({m.partition("@")[2] for m in modes if "@" in m})

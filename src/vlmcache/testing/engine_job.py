@@ -56,8 +56,9 @@ def run(mode: str, model: str, store: str, seeds: Sequence[int],
     from vlmcache.api import CachedLLM
     from vlmcache.config import VlmCacheConfig
 
+    # each prompt is asked once and what it stored is checked: captured at first sight
     config = VlmCacheConfig(store_path=store, block_size=BLOCK_SIZE, disk_write="sync",
-                            memory_budget=TEST_MEMORY_BUDGET)
+                            memory_budget=TEST_MEMORY_BUDGET, admission_memory="always")
     llm = CachedLLM(model, config, enabled=mode == "cache", engine_args=engine_args())
     results = []
     try:

@@ -131,6 +131,7 @@ class PersistentKV:
         self._lock = threading.Lock()
         self._idle = threading.Condition(self._lock)
         self.ledger = _Ledger()
+        self._skip_logged = False
         self._io = make_io(self._on_outcome)
 
     @property
@@ -190,12 +191,18 @@ class PersistentKV:
                      req_id: str | None = None, tenant: str | None = None) -> None:
         """Persist rows ``rows`` under ``keys`` when loading them could ever win (a row the
         cost model would never load is not worth its disk bytes); stored keys are kept."""
-        if req_id is not None:
-            self.ledger.get(req_id).stored_chunks += len(keys)
         n = len(keys)
-        worth = self._save and n and self.cost.decide(
-            n * self.tokens_per_chunk, n * self.row_bytes).choice == "load"
-        if not worth:
+        decision = self.cost.decide(n * self.tokens_per_chunk, n * self.row_bytes)
+        if req_id is not None:
+            report = self.ledger.get(req_id)
+            report.stored_chunks += n
+            if decision.choice == "skip" and report.decision is None:
+                report.decision = decision  # the ReuseReport says why nothing was written
+        if decision.choice == "skip" and not self._skip_logged:
+            self._skip_logged = True  # once: the choice holds while the rates do
+            logger.info("vlmcache KV tier: not writing rows, loading them would lose: %s",
+                        decision.reason)
+        if not (self._save and n and decision.choice == "load"):
             with self._lock:
                 self._done.append(FinishedJob(job_id, True, 0, 0.0))
             return
