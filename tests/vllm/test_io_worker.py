@@ -98,7 +98,6 @@ def test_a_killed_child_fails_pending_and_later_jobs_as_misses(tmp_path):
     io = make_executor(config, open_persistent_kv_store(config), region.rows, region.fd, done)
     assert isinstance(io, ChildIO)
     os.kill(io.pid, 9)
-    io._proc.wait()
     io.submit(RowJob(5, "load", ("ab" * 32,), (0,)))
     assert got.wait(30)
     assert [(j.job_id, o.success) for j, o in outcomes] == [(5, False)]
@@ -157,9 +156,58 @@ def test_a_wedged_child_never_blocks_the_scheduler(tmp_path):
         assert time.monotonic() - start < 5.0
     finally:
         os.kill(io.pid, signal.SIGKILL)
-    io._proc.wait()
     deadline = time.monotonic() + 30
     while len(failed) < 3000 and time.monotonic() < deadline:
         time.sleep(0.1)
     assert len(failed) == 3000  # every job of the dead child is a miss
     io.close()
+
+
+ENGINE = """
+import mmap, os, sys, threading, time
+import numpy as np
+from vlmcache.config import VlmCacheConfig
+from vlmcache.store.kvstore import open_persistent_kv_store
+from vlmcache.vllm.io_worker import make_executor
+from vlmcache.vllm.row_io import RowJob
+store, region, n, row = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+config = VlmCacheConfig(store_path=store, kv_io_threads=2)
+fd = os.open(region, os.O_CREAT | os.O_RDWR, 0o600)
+os.ftruncate(fd, n * row)
+rows = np.frombuffer(mmap.mmap(fd, n * row), dtype=np.uint8).reshape(n, row)
+rows[:] = np.random.default_rng(0).integers(0, 256, rows.shape, dtype=np.uint8)
+staged = threading.Event()
+io = make_executor(config, open_persistent_kv_store(config), rows, fd,
+                   lambda job, outcome: staged.set())
+io.submit(RowJob(1, "store", tuple(f"{i + 1:064x}" for i in range(n)), tuple(range(n))))
+staged.wait(60)  # the rows are out of the region, written behind
+print("staged", flush=True)
+time.sleep(600)
+"""
+
+
+def test_rows_staged_when_the_engine_tree_is_killed_are_still_written(tmp_path):
+    import subprocess
+    import sys
+
+    import psutil
+
+    n, row = 64, 1 << 20
+    store = tmp_path / "store"
+    engine = subprocess.Popen([sys.executable, "-c", ENGINE, str(store), str(tmp_path / "r"),
+                               str(n), str(row)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert engine.stdout.readline().startswith("staged")
+        # what vLLM's shutdown does to an engine after its grace period: SIGKILL the tree
+        for child in psutil.Process(engine.pid).children(recursive=True):
+            os.kill(child.pid, signal.SIGKILL)
+    finally:
+        engine.kill()
+        engine.wait()
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        written = list((store / "kv" / "chunks").rglob("*.safetensors"))
+        if len(written) == n:
+            break
+        time.sleep(0.2)
+    assert len(written) == n

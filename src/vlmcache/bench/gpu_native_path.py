@@ -27,7 +27,6 @@ import os
 import platform
 import shlex
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -35,6 +34,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from vlmcache.bench.gpu_native_summary import BASELINES, shape_summary
+from vlmcache.bench.mode_procs import kill_running, run_child
 from vlmcache.bench.phase_timing import PHASES, PhaseProfile, phase_medians, phases
 from vlmcache.config import VlmCacheConfig
 
@@ -47,7 +47,6 @@ WARMUP_SEEDS = (9000, 9001, 9002)
 BATCH_SEED0 = 100
 AGAIN_SEED_OFFSET = 20_000
 ADMISSIONS = ("always", "second_sight")
-HASH_ENV = {"PYTHONHASHSEED": "0"}  # vLLM's block hashes reproducible across restarts
 QUESTION = ("Describe the scene in this picture in detail: the objects, their colours and "
             "positions, and any text that can be read in it.")
 
@@ -262,71 +261,6 @@ def run_mode(mode: str, args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
-def _run_child(mode: str, args: argparse.Namespace, forwarded: list[str]) -> dict[str, Any]:
-    out = Path(args.work) / f"{mode}.json"
-    cmd = [sys.executable, "-m", "vlmcache.bench.gpu_native_path", "--child", mode,
-           "--child-out", str(out), *forwarded]
-    env = {**os.environ, **HASH_ENV}
-    start = time.time()
-    # its own session: a timed-out mode's engine processes (which hold the GPU) die with it
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env=env, start_new_session=True)
-    _RUNNING.append(proc)
-    try:
-        log, _ = proc.communicate(timeout=args.mode_timeout)
-    except subprocess.TimeoutExpired:
-        _end_group(proc, 0.0)
-        return {"error": f"timed out after {args.mode_timeout} s"}
-    finally:
-        _RUNNING.remove(proc)
-    flushed = time.time()
-    _end_group(proc, args.flush_timeout)
-    if proc.returncode != 0 or not out.exists():
-        return {"error": f"exit {proc.returncode}", "log_tail": (log or "")[-3000:]}
-    result = json.loads(out.read_text())
-    result["process_s"] = round(flushed - start, 1)
-    result["flush_s"] = round(time.time() - flushed, 1)  # its I/O process writing out
-    return result
-
-
-#: the mode running now (its process group outlives this process unless killed)
-_RUNNING: list[subprocess.Popen[str]] = []
-
-
-def _kill_running(signum: int, _frame: Any) -> None:
-    """SIGTERM/SIGINT (a device call's time limit): a mode's engines, in their own session,
-    would hold the GPU after this process ends; the next run would find it full."""
-    import signal
-
-    for proc in list(_RUNNING):
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-    raise SystemExit(128 + signum)
-
-
-def _end_group(proc: subprocess.Popen[str], flush_s: float) -> None:
-    """Let a finished mode's remaining processes (the persistent tier's I/O process writing
-    its queue out after the engine stopped) end by themselves for up to ``flush_s``, then
-    kill the group: the next mode gets the GPU and the store as the last one left them."""
-    import signal
-
-    deadline = time.monotonic() + flush_s
-    while time.monotonic() < deadline:
-        try:
-            os.killpg(proc.pid, 0)
-        except (ProcessLookupError, PermissionError):
-            break
-        time.sleep(0.5)
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-    proc.communicate()
-    time.sleep(2.0)  # the driver frees a killed engine's GPU memory
-
-
 def _mode(name: str) -> str:
     """A mode, or a vlmcache mode with another admission (``vlmcache@second_sight``)."""
     base, at, admission = name.partition("@")
@@ -387,11 +321,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     forwarded += ["--store", args.store, "--work", args.work]
     import signal
 
-    signal.signal(signal.SIGTERM, _kill_running)
-    signal.signal(signal.SIGINT, _kill_running)
+    signal.signal(signal.SIGTERM, kill_running)
+    signal.signal(signal.SIGINT, kill_running)
     modes: dict[str, Any] = {}
     for mode in modes_asked:
-        modes[mode] = _run_child(mode, args, forwarded)
+        modes[mode] = run_child(mode, args, forwarded)
         print(mode, json.dumps(modes[mode])[-1500:], flush=True)
         _write(args, argv, modes)  # a run cut short keeps what it measured
 

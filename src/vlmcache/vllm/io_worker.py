@@ -8,6 +8,11 @@ for the GIL. Measured on an H100 (Qwen2-VL-7B shape): a miss with in-process wri
 (its file descriptor is inherited) and opens its own chunk store; the engine process only
 writes job lines to a pipe and reads outcome lines back.
 
+The I/O process is detached from the engine's process tree (its own session, reparented
+away from the engine): at shutdown vLLM SIGKILLs the engine's descendants 5 s after SIGTERM,
+and rows captured in the last seconds would die with it. It ends by itself once the engine's
+end of its pipe closes and every queued job is done.
+
 Run as ``python -m vlmcache.vllm.io_worker`` by :class:`ChildIO` only. Protocol, one JSON
 object per line: parent -> child: a start message (config, region geometry, fd), then
 :class:`RowJob` s; child -> parent: ``{"ready": ...}``, then :class:`JobOutcome` s and
@@ -152,27 +157,25 @@ class ChildIO:
         # scheduler must never block on it (past MAX_QUEUED_JOBS, jobs fail: misses)
         self._outbox: queue.Queue[RowJob | None] = queue.Queue(MAX_QUEUED_JOBS)
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        self._proc = subprocess.Popen(
+        launcher = subprocess.Popen(
             [sys.executable, "-m", "vlmcache.vllm.io_worker"], stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE, pass_fds=(start.fd,), env=env, text=True, bufsize=1)
-        assert self._proc.stdin is not None and self._proc.stdout is not None
-        self._stdin: IO[str] = self._proc.stdin
-        self._stdout: IO[str] = self._proc.stdout
+            stdout=subprocess.PIPE, pass_fds=(start.fd,), env=env, text=True, bufsize=1,
+            start_new_session=True)
+        assert launcher.stdin is not None and launcher.stdout is not None
+        self._stdin: IO[str] = launcher.stdin
+        self._stdout: IO[str] = launcher.stdout
         self._stdin.write(start.to_json() + "\n")
         self._stdin.flush()
-        self._wait_ready()
+        self.pid = self._wait_ready(launcher)
+        launcher.wait()  # it forked the I/O process and exited
         self._reader = threading.Thread(target=self._read_loop, name="vlmcache-kv-io-reader",
                                         daemon=True)
         self._reader.start()
         self._writer = threading.Thread(target=self._write_loop, name="vlmcache-kv-io-writer",
                                         daemon=True)
         self._writer.start()
-        logger.info("vlmcache KV tier: I/O process %d (%d threads)", self._proc.pid,
+        logger.info("vlmcache KV tier: I/O process %d (%d threads)", self.pid,
                     start.threads)
-
-    @property
-    def pid(self) -> int:
-        return self._proc.pid
 
     def submit(self, job: RowJob) -> None:
         with self._lock:
@@ -194,13 +197,18 @@ class ChildIO:
         """Finish every submitted job, then stop the child."""
         self._outbox.put(None)  # the writer closes the child's stdin after the last job
         self._writer.join(timeout=60)
-        try:
-            self._proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
+        self._reader.join(timeout=60)  # the child's stdout ends when it does
+        if self._reader.is_alive():
             logger.warning("vlmcache KV tier: I/O process did not stop; killing it")
-            self._proc.kill()
-            self._proc.wait()
-        self._reader.join(timeout=10)
+            self.kill()
+            self._reader.join(timeout=10)
+
+    def kill(self) -> None:
+        """SIGKILL the I/O process (its pending jobs then fail: misses)."""
+        try:
+            os.kill(self.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
 
     def _write_loop(self) -> None:
         while (job := self._outbox.get()) is not None:
@@ -214,19 +222,24 @@ class ChildIO:
         except OSError:
             pass
 
-    def _wait_ready(self) -> None:
+    def _wait_ready(self, launcher: subprocess.Popen[str]) -> int:
+        """The I/O process's pid, from its ready line."""
         deadline = time.monotonic() + START_TIMEOUT_S
         while time.monotonic() < deadline:
             ready, _, _ = select.select([self._stdout], [], [], 1.0)
             if ready:
                 line = self._stdout.readline()
-                if not line:
+                if not line:  # every holder of the pipe is gone
                     break
                 if line.startswith('{"ready"'):
-                    return
-            elif self._proc.poll() is not None:
+                    return int(json.loads(line)["pid"])
+            elif launcher.poll() not in (None, 0):
                 break
-        self._proc.kill()
+        launcher.kill()
+        try:  # the detached process, if it got that far, is in the launcher's session
+            os.killpg(launcher.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
         raise RuntimeError("vlmcache KV tier: the I/O process did not start (see its log)")
 
     def _read_loop(self) -> None:
@@ -251,10 +264,9 @@ class ChildIO:
         with self._lock:
             self._dead = True
             jobs, self._pending = list(self._pending.values()), {}
-        code = self._proc.poll()
-        if jobs or code not in (None, 0):
-            logger.error("vlmcache KV tier: I/O process ended (exit %s); %d pending jobs "
-                         "failed, the persistent tier is off until restart", code, len(jobs))
+        if jobs:
+            logger.error("vlmcache KV tier: I/O process %d ended; %d pending jobs failed, the "
+                         "persistent tier is off until restart", self.pid, len(jobs))
         for job in jobs:
             self._done(job, JobOutcome(job.job_id, False, 0, 0.0))
 
@@ -288,10 +300,18 @@ def _probe(store: object, threads: int, row_bytes: int) -> tuple[int, float] | N
     return (nbytes, time.perf_counter() - start) if nbytes else None
 
 
+def _detach() -> None:
+    """Leave the engine's process tree: the launcher (already in a session of its own)
+    exits, and this process is reparented away from the engine."""
+    if os.fork():
+        os._exit(0)
+
+
 def _child_main() -> None:
     from vlmcache.config import VlmCacheConfig
     from vlmcache.store.kvstore import open_persistent_kv_store
 
+    _detach()
     # The protocol gets its own copy of stdout; anything a library prints goes to stderr.
     proto = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)
@@ -320,7 +340,7 @@ def _child_main() -> None:
 
     mover = RowMover(store, rows, int(start["threads"]), on_read=read,
                      admission=admission_for(config), staging_bytes=config.disk_write_queue)
-    send(json.dumps({"ready": True}))
+    send(json.dumps({"ready": True, "pid": os.getpid()}))
     probe = _probe(store, int(start["threads"]), int(start["row_bytes"]))
     if probe is not None:
         read(*probe)
