@@ -57,3 +57,25 @@ def test_modes_take_an_admission_variant_and_unknown_names_are_refused():
     with pytest.raises(argparse.ArgumentTypeError, match="unknown mode 'vlm'"):
         _mode("vlm")
 
+
+
+def test_a_repeat_runs_its_mode_on_a_store_of_its_own_shared_with_its_restart():
+    import argparse
+
+    import pytest
+
+    from vlmcache.bench.gpu_native_path import _child_args, _mode
+
+    assert _mode("vlmcache_restart@always#2") == "vlmcache_restart@always#2"
+    with pytest.raises(argparse.ArgumentTypeError, match="a repeat is #2"):
+        _mode("vllm#1")
+    with pytest.raises(argparse.ArgumentTypeError, match="a repeat is #2"):
+        _mode("vllm#x")
+    stores = {}
+    for name in ("vlmcache#2", "vlmcache_restart#2", "vlmcache@always#3", "vllm"):
+        args = argparse.Namespace(store="/w/store", admission_memory="second_sight")
+        stores[name] = (_child_args(name, args), args.store, args.admission_memory)
+    assert stores["vlmcache#2"] == ("vlmcache", "/w/store-r2", "second_sight")
+    assert stores["vlmcache_restart#2"][1] == "/w/store-r2"
+    assert stores["vlmcache@always#3"] == ("vlmcache", "/w/store-always-r3", "always")
+    assert stores["vllm"] == ("vllm", "/w/store", "second_sight")

@@ -76,3 +76,32 @@ def test_a_restart_with_nothing_stored_reports_the_captures_choice_not_to_write(
     s = shape_summary(modes, 16)
     assert s["cost_model_choice"] == "skip" and s["cost_model_reason"].startswith("predicted")
     assert s["targets"]["restart_full_load_when_loaded"] is None
+
+
+def test_repeats_pool_every_request_and_keep_each_runs_median():
+    modes = _modes()
+    modes["vllm"]["gpu_hit"] = {"median_ms": 40.0, "all_ms": [40.0, 40.0, 40.0]}
+    modes["vlmcache"]["gpu_hit"] = {"median_ms": 41.0, "all_ms": [41.0, 41.0, 41.0]}
+    modes["vllm#2"] = {"gpu_hit": {"median_ms": 30.0, "all_ms": [30.0, 30.0]},
+                       "miss_batch": {"prompt_tok_s": 22000}}
+    modes["vlmcache#2"] = {"gpu_hit": {"median_ms": 20.0, "all_ms": [20.0] * 4},
+                           "miss_batch": {"prompt_tok_s": 20500}}
+    modes["vlmcache_restart#2"] = {"restart_hit": {
+        "median_ms": 30.0, "prompt_tokens": 665.0, "tokens_loaded": 32.0,
+        "tokens_stored": 656.0, "cost_model_choices": ["load"]}}
+    s = shape_summary(modes, 16)
+    assert s["vllm_gpu_hit_ms"] == 40.0 and s["gpu_hit_ms"] == 20.0  # 4 of 7 requests
+    assert s["runs_ms"]["gpu_hit_ms"] == [41.0, 20.0]
+    assert s["vllm_gpu_hit_runs_ms"] == [40.0, 30.0]
+    assert s["miss_batch_tput_ratio"] == round(20000 / 21000, 3)
+    # one run's partial load fails the target for the row
+    assert s["restart_tokens_loaded"] == 32.0
+    assert s["targets"]["restart_full_load_when_loaded"] is False
+
+
+def test_a_variants_repeats_are_judged_as_its_runs():
+    modes = _modes()
+    modes["vlmcache@always"] = {"miss": {"median_ms": 80.0, "all_ms": [80.0]}}
+    modes["vlmcache@always#2"] = {"miss": {"median_ms": 60.0, "all_ms": [60.0, 60.0]}}
+    variant = shape_summary(modes, 16)["variants"]["always"]
+    assert variant["miss_ms"] == 60.0 and variant["runs_ms"]["miss_ms"] == [80.0, 60.0]

@@ -262,15 +262,31 @@ def run_mode(mode: str, args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _mode(name: str) -> str:
-    """A mode, or a vlmcache mode with another admission (``vlmcache@second_sight``)."""
-    base, at, admission = name.partition("@")
+    """A mode, a vlmcache mode with another admission (``vlmcache@second_sight``), either
+    repeated in another engine process on a store of its own (``vllm#2``)."""
+    spec, mark, repeat = name.partition("#")
+    base, at, admission = spec.partition("@")
     if base not in MODES + DIAGNOSTIC_MODES:
         raise argparse.ArgumentTypeError(
             f"unknown mode {base!r}: one of {', '.join(MODES + DIAGNOSTIC_MODES)}")
     if at and (not base.startswith("vlmcache") or admission not in ADMISSIONS):
         raise argparse.ArgumentTypeError(
             f"{name!r}: only vlmcache modes take @admission, one of {', '.join(ADMISSIONS)}")
+    if mark and not (repeat.isdigit() and int(repeat) >= 2):
+        raise argparse.ArgumentTypeError(f"{name!r}: a repeat is #2, #3, ...")
     return name
+
+
+def _child_args(name: str, args: argparse.Namespace) -> str:
+    """The base mode a child runs; a variant's admission and a repeat's store set in
+    ``args`` (a restart mode shares its capture mode's store: same admission and repeat)."""
+    spec, _, repeat = name.partition("#")
+    base, _, admission = spec.partition("@")
+    if admission:
+        args.admission_memory, args.store = admission, f"{args.store}-{admission}"
+    if repeat:
+        args.store = f"{args.store}-r{repeat}"
+    return base
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -309,9 +325,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         return
     modes_asked = [_mode(m) for m in args.modes.split(",")]
     if args.child:
-        base, _, admission = args.child.partition("@")
-        if admission:  # a variant: its own admission and its own store
-            args.admission_memory, args.store = admission, f"{args.store}-{admission}"
+        base = _child_args(args.child, args)
         Path(args.child_out).write_text(json.dumps(run_mode(base, args)))
         return
     args.work = args.work or tempfile.mkdtemp(prefix="vlmcache-native-")

@@ -9,59 +9,74 @@ from typing import Any
 #: the plain-vLLM modes: ``vllm_repeat`` runs last, so the baseline is measured at both ends
 #: of a run (the drift between engine processes on one machine is part of the noise)
 BASELINES = ("vllm", "vllm_repeat")
+#: facts every run must show (a full load is judged on the worst run)
+_WORST_OF_RUNS = ("tokens_loaded", "tokens_stored", "tokens_cached")
+
+
+def _runs(modes: dict[str, Any], mode: str) -> list[dict[str, Any]]:
+    """Every run of ``mode``, in run order: repeats (``mode#2``) are other engine processes
+    of the same mode; plain vLLM's runs include ``vllm_repeat``."""
+    names = BASELINES if mode == "vllm" else (mode,)
+    return [r for m, r in modes.items() if m.partition("#")[0] in names]
 
 
 def _get(modes: dict[str, Any], mode: str, phase: str, key: str = "median_ms") -> Any:
-    value = modes.get(mode, {}).get(phase)
-    return value.get(key) if isinstance(value, dict) else None
+    """``key`` of ``phase`` over every run of ``mode``: the median of all their requests'
+    latencies, the mean throughput, the worst run's loaded/stored tokens."""
+    rows = [r[phase] for r in _runs(modes, mode) if isinstance(r.get(phase), dict)]
+    values = [v for row in rows if (v := row.get(key)) is not None]
+    if not values:
+        return None
+    if key == "median_ms":
+        samples = [ms for row in rows for ms in row.get("all_ms") or ()]
+        return round(statistics.median(samples), 2) if samples else values[0]
+    if key == "prompt_tok_s":
+        return round(statistics.mean(values))
+    if key == "cost_model_choices":
+        return sorted({c for v in values for c in v})
+    return min(values) if key in _WORST_OF_RUNS else values[0]
 
 
-def _baseline(modes: dict[str, Any], phase: str) -> float | None:
-    """Plain vLLM's median for ``phase`` over every request of both baseline runs."""
-    samples = [ms for m in BASELINES for ms in (_get(modes, m, phase, "all_ms") or [])]
-    if not samples:
-        return _get(modes, "vllm", phase)
-    return round(statistics.median(samples), 2)
-
-
-def _baseline_tput(modes: dict[str, Any]) -> float | None:
-    runs = [t for m in BASELINES if (t := _get(modes, m, "miss_batch", "prompt_tok_s"))]
-    return statistics.mean(runs) if runs else None
+def _run_medians(modes: dict[str, Any], mode: str, phase: str) -> list[float]:
+    """Each run's own median: how far apart engine processes of one mode land."""
+    return [r[phase]["median_ms"] for r in _runs(modes, mode)
+            if isinstance(r.get(phase), dict) and "median_ms" in r[phase]]
 
 
 def _ratio(a: float | None, b: float | None) -> float | None:
     return round(a / b, 3) if a is not None and b else None
 
 
+#: the summary's latency rows: (key, mode, phase)
+_LATENCIES = (("recompute_ms", "vllm", "miss"), ("vllm_gpu_hit_ms", "vllm", "gpu_hit"),
+              ("native_cpu_hit_ms", "native_cpu", "cpu_hit"),
+              ("native_tiering_miss_ms", "native_tiering", "miss"),
+              ("native_tiering_cpu_hit_ms", "native_tiering", "cpu_hit"),
+              ("native_fs_restart_ms", "native_tiering_restart", "restart_hit"),
+              ("miss_ms", "vlmcache", "miss"), ("miss_again_ms", "vlmcache", "miss_again"),
+              ("gpu_hit_ms", "vlmcache", "gpu_hit"), ("cpu_hit_ms", "vlmcache", "cpu_hit"),
+              ("restart_ms", "vlmcache_restart", "restart_hit"))
+
+
 def shape_summary(modes: dict[str, Any], block_size: int) -> dict[str, Any]:
-    """The figures the issue's targets are judged on (None where a mode failed)."""
+    """The figures the issue's targets are judged on (None where a mode failed), each over
+    every run of its mode."""
     prompt = _get(modes, "vlmcache_restart", "restart_hit", "prompt_tokens")
     choices = _get(modes, "vlmcache_restart", "restart_hit", "cost_model_choices") or []
     reason = _get(modes, "vlmcache_restart", "restart_hit", "cost_model_reason")
     if not choices:  # nothing stored to decide on: the capture's choice not to write it
         choices = _get(modes, "vlmcache", "miss", "cost_model_choices") or []
         reason = _get(modes, "vlmcache", "miss", "cost_model_reason")
-    s: dict[str, Any] = {
-        "recompute_ms": _baseline(modes, "miss"),
-        "recompute_runs_ms": [_get(modes, m, "miss") for m in BASELINES if m in modes],
-        "vllm_gpu_hit_ms": _baseline(modes, "gpu_hit"),
-        "vllm_gpu_hit_runs_ms": [_get(modes, m, "gpu_hit") for m in BASELINES if m in modes],
-        "native_cpu_hit_ms": _get(modes, "native_cpu", "cpu_hit"),
-        "native_tiering_miss_ms": _get(modes, "native_tiering", "miss"),
-        "native_tiering_cpu_hit_ms": _get(modes, "native_tiering", "cpu_hit"),
-        "native_fs_restart_ms": _get(modes, "native_tiering_restart", "restart_hit"),
+    tput = _get(modes, "vllm", "miss_batch", "prompt_tok_s")
+    s: dict[str, Any] = {key: _get(modes, mode, phase) for key, mode, phase in _LATENCIES}
+    s.update({
         "native_fs_restart_tokens_cached": _get(modes, "native_tiering_restart",
                                                 "restart_hit", "tokens_cached"),
-        "miss_ms": _get(modes, "vlmcache", "miss"),
         "miss_batch_tput_ratio": _ratio(_get(modes, "vlmcache", "miss_batch", "prompt_tok_s"),
-                                        _baseline_tput(modes)),
+                                        tput),
         # admission_memory: second_sight: the first miss captures nothing, the second does
-        "miss_again_ms": _get(modes, "vlmcache", "miss_again"),
         "miss_again_batch_tput_ratio": _ratio(
-            _get(modes, "vlmcache", "miss_again_batch", "prompt_tok_s"), _baseline_tput(modes)),
-        "gpu_hit_ms": _get(modes, "vlmcache", "gpu_hit"),
-        "cpu_hit_ms": _get(modes, "vlmcache", "cpu_hit"),
-        "restart_ms": _get(modes, "vlmcache_restart", "restart_hit"),
+            _get(modes, "vlmcache", "miss_again_batch", "prompt_tok_s"), tput),
         "restart_tokens_loaded": _get(modes, "vlmcache_restart", "restart_hit",
                                       "tokens_loaded"),
         # what the persistent store held for the request when it was answered (its leading
@@ -73,9 +88,13 @@ def shape_summary(modes: dict[str, Any], block_size: int) -> dict[str, Any]:
         if prompt else None,
         "cost_model_choice": choices[0] if len(choices) == 1 else (choices or None),
         "cost_model_reason": reason,
-    }
+        # each engine process's own median per row: the noise the pooled medians sit in
+        "runs_ms": {key: _run_medians(modes, mode, phase) for key, mode, phase in _LATENCIES},
+    })
+    s["recompute_runs_ms"] = s["runs_ms"]["recompute_ms"]
+    s["vllm_gpu_hit_runs_ms"] = s["runs_ms"]["vllm_gpu_hit_ms"]
     s["targets"] = _targets(s)
-    variants = sorted({m.partition("@")[2] for m in modes if "@" in m})
+    variants = sorted({m.partition("#")[0].partition("@")[2] for m in modes if "@" in m})
     if variants:  # vlmcache modes run with another admission (``vlmcache@second_sight``)
         s["variants"] = {v: shape_summary(_as_default(modes, v), block_size) for v in variants}
     return s
@@ -84,7 +103,12 @@ def shape_summary(modes: dict[str, Any], block_size: int) -> dict[str, Any]:
 def _as_default(modes: dict[str, Any], variant: str) -> dict[str, Any]:
     """The peers' modes plus ``variant``'s vlmcache modes under the default's names."""
     peers = {m: r for m, r in modes.items() if "@" not in m and not m.startswith("vlmcache")}
-    ours = {m.partition("@")[0]: r for m, r in modes.items() if m.endswith(f"@{variant}")}
+    ours = {}
+    for m, r in modes.items():
+        name, mark, repeat = m.partition("#")
+        base, _, admission = name.partition("@")
+        if admission == variant:
+            ours[base + mark + repeat] = r
     return {**peers, **ours}
 
 
