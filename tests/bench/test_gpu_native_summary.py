@@ -12,7 +12,8 @@ def _modes(restart_loaded=656.0, restart_stored=656.0, choice="load"):
         "vllm": {"miss": _row(60.0), "gpu_hit": _row(40.0),
                  "miss_batch": {"prompt_tok_s": 20000}},
         "native_cpu": {"cpu_hit": _row(35.0)},
-        "vlmcache": {"miss": _row(62.0), "gpu_hit": _row(41.0), "cpu_hit": _row(36.0),
+        "vlmcache": {"miss": _row(62.0), "gpu_hit": _row(41.0),
+                     "cpu_hit": _row(36.0, prompt_tokens=665.0, tokens_loaded=656.0),
                      "miss_batch": {"prompt_tok_s": 19500}},
         "vlmcache_restart": {"restart_hit": _row(30.0, prompt_tokens=665.0,
                                                  tokens_loaded=restart_loaded,
@@ -105,3 +106,14 @@ def test_a_variants_repeats_are_judged_as_its_runs():
     modes["vlmcache@always#2"] = {"miss": {"median_ms": 60.0, "all_ms": [60.0, 60.0]}}
     variant = shape_summary(modes, 16)["variants"]["always"]
     assert variant["miss_ms"] == 60.0 and variant["runs_ms"]["miss_ms"] == [80.0, 60.0]
+
+
+def test_a_cpu_hit_row_that_loaded_less_than_its_prefix_is_flagged():
+    modes = _modes()
+    modes["vlmcache"]["cpu_hit"] = _row(36.0, prompt_tokens=680.0, tokens_loaded=672.0)
+    assert shape_summary(modes, 16)["targets"]["cpu_hit_loads_full_prefix"] is True
+    # a run whose CPU-tier prompts were evicted before the phase: it recomputed
+    modes["vlmcache#2"] = {"cpu_hit": _row(50.0, prompt_tokens=680.0, tokens_loaded=0.0)}
+    s = shape_summary(modes, 16)
+    assert s["cpu_hit_tokens_loaded"] == 0.0 and s["cpu_hit_tokens_loadable"] == 672
+    assert s["targets"]["cpu_hit_loads_full_prefix"] is False

@@ -80,12 +80,14 @@ def shape_summary(modes: dict[str, Any], block_size: int) -> dict[str, Any]:
         "restart_tokens_loaded": _get(modes, "vlmcache_restart", "restart_hit",
                                       "tokens_loaded"),
         # what the persistent store held for the request when it was answered (its leading
-        # chunk files), and the block-aligned prefix a full load is (vLLM always computes
-        # the last prompt token)
+        # chunk files)
         "restart_tokens_stored": _get(modes, "vlmcache_restart", "restart_hit",
                                       "tokens_stored"),
-        "restart_tokens_loadable": (int(prompt) - 1) // block_size * block_size
-        if prompt else None,
+        "restart_tokens_loadable": _loadable(prompt, block_size),
+        # a CPU-tier hit row is one only if it loaded the whole prefix (the worst run's)
+        "cpu_hit_tokens_loaded": _get(modes, "vlmcache", "cpu_hit", "tokens_loaded"),
+        "cpu_hit_tokens_loadable": _loadable(
+            _get(modes, "vlmcache", "cpu_hit", "prompt_tokens"), block_size),
         "cost_model_choice": choices[0] if len(choices) == 1 else (choices or None),
         "cost_model_reason": reason,
         # each engine process's own median per row: the noise the pooled medians sit in
@@ -98,6 +100,11 @@ def shape_summary(modes: dict[str, Any], block_size: int) -> dict[str, Any]:
     if variants:  # vlmcache modes run with another admission (``vlmcache@second_sight``)
         s["variants"] = {v: shape_summary(_as_default(modes, v), block_size) for v in variants}
     return s
+
+
+def _loadable(prompt_tokens: float | None, block_size: int) -> int | None:
+    """The block-aligned prefix a full load is (vLLM always computes the last prompt token)."""
+    return (int(prompt_tokens) - 1) // block_size * block_size if prompt_tokens else None
 
 
 def _as_default(modes: dict[str, Any], variant: str) -> dict[str, Any]:
@@ -124,6 +131,8 @@ def _targets(s: dict[str, Any]) -> dict[str, bool | None]:
             else s["miss_batch_tput_ratio"] >= 0.95,
             "gpu_hit_le_1.05x_vllm_gpu_hit": le("gpu_hit_ms", "vllm_gpu_hit_ms"),
             "cpu_hit_le_1.05x_native_cpu_hit": le("cpu_hit_ms", "native_cpu_hit_ms"),
+            "cpu_hit_loads_full_prefix": None if s["cpu_hit_tokens_loaded"] is None
+            else s["cpu_hit_tokens_loaded"] >= (s["cpu_hit_tokens_loadable"] or 0) > 0,
             "restart_le_1.05x_recompute": le("restart_ms", "recompute_ms"),
             # judged whenever the cost model chose a load for any request of the row
             "restart_full_load_when_loaded": full if "load" in _as_list(s["cost_model_choice"])
