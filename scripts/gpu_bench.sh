@@ -5,6 +5,7 @@
 #   python benchmarks/gpu_native_path.py --merge A.json B.json ... --out RESULT.json
 #   bash scripts/gpu_bench.sh qwen2vl7b --modes vllm,vlmcache,vlmcache_restart
 #   bash scripts/gpu_bench.sh qwen2vl7b --modes native_cpu,native_tiering,native_tiering_restart,vllm_repeat
+# A mode run again in another engine process (the noise between processes): vllm#2, vlmcache#2
 # PROFILE=1 adds py-spy stacks of the batch-1 phases (wheel in .gpu/tools) -> $OUT/prof-*.tgz
 set -uo pipefail
 shape=$1; shift

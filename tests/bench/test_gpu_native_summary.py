@@ -117,3 +117,13 @@ def test_a_cpu_hit_row_that_loaded_less_than_its_prefix_is_flagged():
     s = shape_summary(modes, 16)
     assert s["cpu_hit_tokens_loaded"] == 0.0 and s["cpu_hit_tokens_loadable"] == 672
     assert s["targets"]["cpu_hit_loads_full_prefix"] is False
+
+
+def test_under_second_sight_the_choice_not_to_write_comes_from_the_capturing_phase():
+    modes = _modes(restart_loaded=0.0, restart_stored=0.0, choice="skip")
+    modes["vlmcache_restart"]["restart_hit"]["cost_model_choices"] = []
+    modes["vlmcache"]["miss"]["cost_model_choices"] = []  # first sight: nothing captured
+    modes["vlmcache"]["gpu_hit"]["cost_model_choices"] = ["skip"]
+    modes["vlmcache"]["gpu_hit"]["cost_model_reason"] = "predicted load 90 ms >= 40 ms"
+    s = shape_summary(modes, 16)
+    assert s["cost_model_choice"] == "skip" and s["cost_model_reason"].startswith("predicted")

@@ -145,3 +145,44 @@ def test_rows_the_cost_model_would_never_load_are_not_written(tmp_path):
     assert not tier(tmp_path, rows()).lookup(b"k0", "r")
     params = t.ledger.pop("r1").to_params()  # the capturing request's report says why
     assert params["cost_model_choice"] == "skip" and "recompute" in params["cost_model_reason"]
+
+
+class _HeldIO:
+    """An executor whose jobs finish when the test says so."""
+
+    def __init__(self, done):
+        self.done, self.jobs = done, []
+
+    def submit(self, job):
+        self.jobs.append(job)
+
+    def close(self):
+        pass
+
+    def finish(self, job):
+        from vlmcache.vllm.row_io import JobOutcome
+
+        self.jobs.remove(job)
+        self.done(job, JobOutcome(job.job_id, True, ROW * len(job.keys), 0.001,
+                                  len(job.keys)))
+
+
+def test_the_engine_keeps_stepping_for_loads_and_outcomes_not_for_writes_alone(tmp_path):
+    held = []
+
+    def make_io(done):
+        held.append(_HeldIO(done))
+        return held[0]
+
+    cost = CostModel(CostPriors(1e12, 0.0, 1e9))
+    t = PersistentKV(DiskStore(tmp_path, 10**9), TierGeometry(NS, 16, ROW), cost, make_io)
+    io = held[0]
+    t.submit_store(1, [b"k0"], [0], "r1")
+    assert len(io.jobs) == 1 and not t.has_pending()  # a write in flight: no spinning
+    io.finish(io.jobs[0])
+    assert t.has_pending()  # its outcome waits to be handed back
+    assert [o.job_id for o in t.finished()] == [1] and not t.has_pending()
+    t.submit_load(2, [b"k0"], [1], "r2")
+    assert t.has_pending()  # a request waits on this load
+    io.finish(io.jobs[0])
+    assert [o.job_id for o in t.finished()] == [2] and not t.has_pending()

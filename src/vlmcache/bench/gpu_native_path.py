@@ -15,6 +15,10 @@ output token, dummy weights, ``benchmarks/geometries/``):
   (and ``vlmcache_restart@second_sight``) run them with another ``admission_memory`` than
   ``--admission-memory``, on a store of their own, recorded beside the default's rows.
 
+``MODE#k`` runs a mode again in another engine process (on a store of its own; a restart
+mode shares its capture mode's): the summary pools every run's requests, keeps each run's
+median, and judges a full load on the worst run.
+
 Every row says what was reused: tokens loaded, from vLLM's prefix cache, computed. One mode
 failing records its error and the others go on; results are rewritten after every mode.
 """
@@ -33,7 +37,7 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
-from vlmcache.bench.gpu_native_summary import BASELINES, shape_summary
+from vlmcache.bench.gpu_native_summary import BASELINES, merge_files, merge_shape
 from vlmcache.bench.mode_procs import kill_running, run_child
 from vlmcache.bench.phase_timing import PHASES, PhaseProfile, phase_medians, phases
 from vlmcache.config import VlmCacheConfig
@@ -370,39 +374,6 @@ def _write(args: argparse.Namespace, argv: Sequence[str] | None, modes: dict[str
     merge_shape(record, Path(args.geometry).name, [cmd.strip()], modes, settings)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(record, indent=1) + "\n")
-
-
-def merge_shape(record: dict[str, Any], shape: str, commands: list[str],
-                modes: dict[str, Any], settings: dict[str, Any]) -> None:
-    """Add one invocation's modes of ``shape`` to ``record``: one shape's modes may be run
-    by several invocations (a device call's time limit); each keeps the modes the others
-    measured, and every command is kept."""
-    kept = record.setdefault("commands", {}).setdefault(shape, [])
-    kept = [kept] if isinstance(kept, str) else kept
-    kept += [c for c in commands if c not in kept]
-    record["commands"][shape] = kept
-    record["command"] = " && ".join(c for cs in record["commands"].values() for c in cs)
-    merged = {**record.setdefault("modes", {}).get(shape, {}), **modes}
-    record["modes"][shape] = merged
-    record.setdefault("settings", {})[shape] = settings
-    record.setdefault("shapes", {})[shape] = shape_summary(merged, settings["block_size"])
-
-
-def merge_files(paths: Sequence[str], out: str) -> None:
-    """``--merge``: the result files of several invocations (e.g. one per device call) as
-    one file, in order (a later file's mode replaces an earlier one's)."""
-    record: dict[str, Any] = {}
-    for path in paths:
-        part = json.loads(Path(path).read_text())
-        for key in ("device", "vllm_version", "engine", "dummy_weights", "output_tokens"):
-            record.setdefault(key, part.get(key))
-        for shape, modes in part.get("modes", {}).items():
-            cmds = part.get("commands", {}).get(shape, [])
-            settings = part.get("settings", {}).get(shape) or {
-                k: part.get(k) for k in ("n_batch1", "batch", "cpu_bytes")} | {"block_size": 16}
-            merge_shape(record, shape, [cmds] if isinstance(cmds, str) else cmds, modes,
-                        settings)
-    Path(out).write_text(json.dumps(record, indent=1) + "\n")
 
 
 if __name__ == "__main__":

@@ -1,10 +1,13 @@
 """The figures issue 11's targets are judged on, from the GPU benchmark's per-mode
-measurements (:mod:`vlmcache.bench.gpu_native_path`): pure functions, no GPU."""
+measurements (:mod:`vlmcache.bench.gpu_native_path`), and the result file they live in
+(one shape's modes merged from several invocations): no GPU."""
 
 from __future__ import annotations
 
+import json
 import statistics
-from typing import Any
+from pathlib import Path
+from typing import Any, Sequence
 
 #: the plain-vLLM modes: ``vllm_repeat`` runs last, so the baseline is measured at both ends
 #: of a run (the drift between engine processes on one machine is part of the noise)
@@ -64,9 +67,13 @@ def shape_summary(modes: dict[str, Any], block_size: int) -> dict[str, Any]:
     prompt = _get(modes, "vlmcache_restart", "restart_hit", "prompt_tokens")
     choices = _get(modes, "vlmcache_restart", "restart_hit", "cost_model_choices") or []
     reason = _get(modes, "vlmcache_restart", "restart_hit", "cost_model_reason")
-    if not choices:  # nothing stored to decide on: the capture's choice not to write it
-        choices = _get(modes, "vlmcache", "miss", "cost_model_choices") or []
-        reason = _get(modes, "vlmcache", "miss", "cost_model_reason")
+    # nothing stored to decide on: the capture's choice not to write it (at the miss, or
+    # under second sight at the GPU hit or second computation that captured)
+    for phase in ("miss", "gpu_hit", "miss_again"):
+        if choices:
+            break
+        choices = _get(modes, "vlmcache", phase, "cost_model_choices") or []
+        reason = _get(modes, "vlmcache", phase, "cost_model_reason")
     tput = _get(modes, "vllm", "miss_batch", "prompt_tok_s")
     s: dict[str, Any] = {key: _get(modes, mode, phase) for key, mode, phase in _LATENCIES}
     s.update({
@@ -141,3 +148,36 @@ def _targets(s: dict[str, Any]) -> dict[str, bool | None]:
 
 def _as_list(choice: str | list[str] | None) -> list[str]:
     return [choice] if isinstance(choice, str) else list(choice or [])
+
+
+def merge_shape(record: dict[str, Any], shape: str, commands: list[str],
+                modes: dict[str, Any], settings: dict[str, Any]) -> None:
+    """Add one invocation's modes of ``shape`` to ``record``: one shape's modes may be run
+    by several invocations (a device call's time limit); each keeps the modes the others
+    measured, and every command is kept."""
+    kept = record.setdefault("commands", {}).setdefault(shape, [])
+    kept = [kept] if isinstance(kept, str) else kept
+    kept += [c for c in commands if c not in kept]
+    record["commands"][shape] = kept
+    record["command"] = " && ".join(c for cs in record["commands"].values() for c in cs)
+    merged = {**record.setdefault("modes", {}).get(shape, {}), **modes}
+    record["modes"][shape] = merged
+    record.setdefault("settings", {})[shape] = settings
+    record.setdefault("shapes", {})[shape] = shape_summary(merged, settings["block_size"])
+
+
+def merge_files(paths: Sequence[str], out: str) -> None:
+    """``--merge``: the result files of several invocations (e.g. one per device call) as
+    one file, in order (a later file's mode replaces an earlier one's)."""
+    record: dict[str, Any] = {}
+    for path in paths:
+        part = json.loads(Path(path).read_text())
+        for key in ("device", "vllm_version", "engine", "dummy_weights", "output_tokens"):
+            record.setdefault(key, part.get(key))
+        for shape, modes in part.get("modes", {}).items():
+            cmds = part.get("commands", {}).get(shape, [])
+            settings = part.get("settings", {}).get(shape) or {
+                k: part.get(k) for k in ("n_batch1", "batch", "cpu_bytes")} | {"block_size": 16}
+            merge_shape(record, shape, [cmds] if isinstance(cmds, str) else cmds, modes,
+                        settings)
+    Path(out).write_text(json.dumps(record, indent=1) + "\n")
