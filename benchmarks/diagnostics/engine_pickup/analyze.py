@@ -7,6 +7,7 @@ for f in glob.glob(f"core_{mode}_{side}.*"):
     for l in open(f):
         if not l.strip(): continue
         d = json.loads(l)
+        if "rid" not in d: continue  # an idle engine step's record (see idle_steps.py)
         if "on_new_us" in d: onnew[d["rid"]] = d["on_new_us"]
         else: core[d["rid"]] = d
 def match(rid):

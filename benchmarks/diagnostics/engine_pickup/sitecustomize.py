@@ -26,6 +26,19 @@ if _OUT:
         def _process_engine_step(self):
             t0 = pc(); r = orig_step(self); t1 = pc()
             steps.append((t0, t1, bool(r)))
+            if not r:
+                try:
+                    cs = self.scheduler.connector.connector_scheduler
+                    m = cs.manager
+                    inner = getattr(m, "_inner", m)
+                    tiers = getattr(inner, "secondary_tiers", [])
+                    fh.write(json.dumps({"idle_step": t1, "conn_jobs": len(cs._jobs),
+                        "mgr_jobs": len(getattr(inner, "_jobs", {})),
+                        "tier_pending": [t.has_pending_work() for t in tiers],
+                        "unfinished": self.scheduler.has_unfinished_requests(),
+                        "finished": self.scheduler.has_finished_requests()}) + "\n")
+                except Exception as e:
+                    fh.write(json.dumps({"err": repr(e)}) + "\n")
             return r
         _core.EngineCoreProc._process_engine_step = _process_engine_step
 

@@ -222,12 +222,8 @@ class PersistentKV:
         return done
 
     def has_pending(self) -> bool:
-        """Whether vLLM's engine must keep stepping for this tier: a load a request waits
-        on, or outcomes to hand back. A write alone does not count: while it is in flight
-        an idle engine would spin in 1 ms sleeps and pick up the next request late (its
-        outcome is handed back at the next step; vLLM keeps the rows until then)."""
         with self._lock:
-            return bool(self._done) or any(s.kind == "load" for s in self._pending.values())
+            return bool(self._pending or self._done)
 
     def drain(self, timeout_s: float | None = None) -> None:
         """Wait until every submitted job has finished (its outcome stays queued)."""
@@ -244,12 +240,12 @@ class PersistentKV:
 
     def _submit(self, job: RowJob, offload_keys: Sequence[bytes], req_id: str | None) -> None:
         with self._lock:
-            self._pending[job.job_id] = _Submitted(tuple(offload_keys), req_id, job.kind)
+            self._pending[job.job_id] = _Submitted(tuple(offload_keys), req_id)
         self._io.submit(job)
 
     def _on_outcome(self, job: RowJob, outcome: JobOutcome) -> None:
         with self._lock:
-            sub = self._pending.get(job.job_id) or _Submitted((), None, job.kind)
+            sub = self._pending.get(job.job_id) or _Submitted((), None)
         if job.kind == "load":
             self._note_load(sub.req_id, outcome, len(job.keys))
         # vLLM 0.32 keeps a failed load's leading keys that did load (0.26: all or none)
@@ -274,4 +270,3 @@ class PersistentKV:
 class _Submitted:
     offload_keys: tuple[bytes, ...]
     req_id: str | None
-    kind: str
