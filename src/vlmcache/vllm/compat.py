@@ -64,3 +64,34 @@ def offload_rows(spec: Any) -> int:
     """Rows of the CPU primary tier (0.26 ``num_blocks``, 0.32 ``num_chunks``)."""
     rows = getattr(spec, "num_chunks", None)
     return int(rows if rows is not None else spec.num_blocks)
+
+
+class FinishedRequestGuard:
+    """vLLM's tiering ``OffloadingManager`` with stores for a finished request refused
+    instead of crashing the EngineCore.
+
+    Before vllm-project/vllm#49671 (so in 0.26), the offloading scheduler tells the manager
+    a request finished before it prepares that request's last store; the manager has then
+    dropped the request's state and ``prepare_store`` raises ``KeyError``, which kills the
+    engine (measured: vLLM's own tiering spec died this way on a LLaVA-1.5-7B batch, twice).
+    A refused store is a miss: vLLM logs "cannot store chunks" and the blocks are computed
+    again if asked for. From 0.32 on the scheduler never asks, and this passes through.
+    """
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+        self.refused = 0
+
+    def prepare_store(self, keys: Any, req_context: Any) -> Any:
+        states = getattr(self._inner, "_req_state", None)
+        if states is not None and req_context.req_id not in states:
+            self.refused += 1
+            if self.refused == 1:  # once: the cause is vLLM's, and it repeats
+                logger.warning("vlmcache KV tier: vLLM asked to store blocks of finished "
+                               "request %s (a vLLM <= 0.26 ordering bug, vllm#49635); "
+                               "not stored", req_context.req_id)
+            return None
+        return self._inner.prepare_store(keys, req_context)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)

@@ -23,6 +23,7 @@ from vllm.v1.kv_offload.tiering.spec import TieringOffloadingSpec
 
 from vlmcache.config import VlmCacheConfig
 from vlmcache.vllm.admission import SecondSightManager
+from vlmcache.vllm.compat import FinishedRequestGuard
 from vlmcache.vllm.cost import CostModel
 from vlmcache.vllm.offload_tier import TIER_TYPE, cost_model_for
 
@@ -96,13 +97,13 @@ class VlmCacheOffloadingSpec(TieringOffloadingSpec):
         self._cpu_worker: OffloadingWorker | None = None
 
     def get_manager(self) -> Any:
-        manager = super().get_manager()
+        manager = super().get_manager()  # vLLM's, or our wrapper of it once made
         self._unlink_region_file()
-        if self.vlmcache.admission_memory == "second_sight":
-            if not isinstance(self._manager, SecondSightManager):
-                self._manager = SecondSightManager(manager,
-                                                   self.vlmcache.admission_ghost_entries)
-            return self._manager
+        if not isinstance(manager, (SecondSightManager, FinishedRequestGuard)):
+            manager = FinishedRequestGuard(manager)
+            if self.vlmcache.admission_memory == "second_sight":
+                manager = SecondSightManager(manager, self.vlmcache.admission_ghost_entries)
+            self._manager = manager
         return manager
 
     def _unlink_region_file(self) -> None:
