@@ -1,11 +1,14 @@
-"""The GPU benchmark's result file (no GPU)."""
+"""The GPU benchmark's result file and mode names (no GPU)."""
 
+import argparse
 import json
+
+import pytest
+
+from vlmcache.bench.gpu_native_path import _child_args, _mode
 
 
 def test_invocations_for_one_shape_merge_their_modes_and_keep_each_command(tmp_path):
-    import argparse
-
     from vlmcache.bench.gpu_native_path import _write
 
     out = tmp_path / "r.json"
@@ -43,12 +46,6 @@ def test_merge_joins_the_result_files_of_several_calls(tmp_path):
 
 
 def test_modes_take_an_admission_variant_and_unknown_names_are_refused():
-    import argparse
-
-    import pytest
-
-    from vlmcache.bench.gpu_native_path import _mode
-
     assert _mode("vlmcache_restart@second_sight") == "vlmcache_restart@second_sight"
     with pytest.raises(argparse.ArgumentTypeError, match="only vlmcache modes"):
         _mode("vllm@second_sight")
@@ -58,14 +55,7 @@ def test_modes_take_an_admission_variant_and_unknown_names_are_refused():
         _mode("vlm")
 
 
-
 def test_a_repeat_runs_its_mode_on_a_store_of_its_own_shared_with_its_restart():
-    import argparse
-
-    import pytest
-
-    from vlmcache.bench.gpu_native_path import _child_args, _mode
-
     assert _mode("vlmcache_restart@always#2") == "vlmcache_restart@always#2"
     with pytest.raises(argparse.ArgumentTypeError, match="a repeat is #2"):
         _mode("vllm#1")
