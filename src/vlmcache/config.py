@@ -142,9 +142,10 @@ class VlmCacheConfig:
         admission_memory: ``second_sight`` (default) or ``always``: keep a chunk in memory
             only the second time it is offered (one-off content never displaces anything).
             On the KV path this is vLLM's CPU offload region: with ``second_sight`` a
-            prompt's first miss copies nothing to the CPU; its blocks are captured when the
-            prompt comes again (from the GPU prefix cache on a GPU hit, or when recomputed).
-            Measured on an H100 (LLaVA-1.5-7B shape): ``always`` costs 21% of batch prefill
+            prompt's first miss copies nothing to the CPU; its blocks are captured when they
+            are computed again (a hit in vLLM's GPU prefix cache counts only where the
+            persistent tier would write them: copying them out delays that hit). Measured on
+            an H100 (LLaVA-1.5-7B shape): ``always`` costs 21-24% of batch prefill
             throughput on misses, ``second_sight`` none (``docs/kv-path.md``).
         admission_disk: the same for writes to the disk tier.
         admission_ghost_entries: fingerprints the second-sight filter remembers per tier.

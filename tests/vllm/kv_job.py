@@ -5,8 +5,10 @@
 ``memory``: a memory-only store (``disk_budget: 0``); each seed is asked, vLLM's prefix cache
 is reset, and the seed is asked again (the second answer can only come from vlmcache's CPU
 tier, which lives beside the scheduler while the model runs in another process).
-``memory-second-sight``: the same with ``admission_memory: second_sight``, asked a third
-time (the first computation is not captured, the second is).
+``memory-second-sight``: the same with ``admission_memory: second_sight``; between the first
+answer and the reset the seed is asked once more (a GPU prefix hit, which must not count),
+and after the reset it is asked twice more, with a reset between (the first computation is
+not captured, the second is).
 ``disk-async``: ``disk_write: async``; each seed is asked once (the first process stores, a
 second process with the same arguments loads).
 """
@@ -44,6 +46,10 @@ def main() -> None:
             first = llm.generate([make_request(seed)], greedy())[0]
             results.append({"seed": seed, "phase": "first", "token_ids": first.token_ids,
                             "report": first.report.to_dict()})
+            if admission == "second_sight":
+                hit = llm.generate([make_request(seed)], greedy())[0]
+                results.append({"seed": seed, "phase": "gpu-hit", "token_ids": hit.token_ids,
+                                "report": hit.report.to_dict()})
             for _ in range((2 if admission == "second_sight" else 1) if memory else 0):
                 llm.llm.reset_prefix_cache()
                 again = llm.generate([make_request(seed)], greedy())[0]

@@ -72,14 +72,17 @@ def test_memory_only_store_hits_with_scheduler_and_worker_in_separate_processes(
 
 
 def test_second_sight_captures_a_prompt_computed_twice_then_loads_it(second_sight, baseline):
-    first, recomputed, loaded = second_sight
+    first, gpu_hit, recomputed, loaded = second_sight
     assert first["report"]["tokens_loaded"] == 0
-    # not captured the first time: after the reset vLLM's CPU tier has nothing
+    assert gpu_hit["report"]["tokens_from_prefix_cache"] > 0
+    # neither the first computation nor the GPU hit captured it: after the reset vLLM's CPU
+    # tier has nothing
     assert recomputed["report"]["tokens_loaded"] == 0
     assert recomputed["report"]["tokens_from_prefix_cache"] == 0
     report = loaded["report"]
     assert report["tokens_loaded"] == stored_prefix(report["prompt_tokens"]) > 0
-    assert first["token_ids"] == recomputed["token_ids"] == loaded["token_ids"]
+    assert first["token_ids"] == gpu_hit["token_ids"] == recomputed["token_ids"]
+    assert recomputed["token_ids"] == loaded["token_ids"]
     assert loaded["token_ids"] == baseline[0]["token_ids"]
 
 

@@ -145,3 +145,10 @@ def test_rows_the_cost_model_would_never_load_are_not_written(tmp_path):
     assert not tier(tmp_path, rows()).lookup(b"k0", "r")
     params = t.ledger.pop("r1").to_params()  # the capturing request's report says why
     assert params["cost_model_choice"] == "skip" and "recompute" in params["cost_model_reason"]
+
+
+def test_writes_pay_only_where_a_load_would_beat_recompute(tmp_path):
+    region = rows()
+    assert tier(tmp_path / "fast", region).writes_pay(41)
+    # 4 KiB rows at 1 KB/s against a 1e9 tokens/s prefill: a load never wins
+    assert not tier(tmp_path / "slow", region, read=1e3).writes_pay(41)

@@ -94,6 +94,7 @@ class VlmCacheOffloadingConnector(OffloadingConnector):
             track = self._tracks[request.request_id] = _RequestTrack(
                 len(request.prompt_token_ids or []), num_computed_tokens,
                 bypass=_wants_bypass(request))
+            self._note_gpu_resident(request, track, num_computed_tokens)
             self._plan(request, track, num_computed_tokens)
         matched, is_async = super().get_num_new_matched_tokens(request, num_computed_tokens)
         if matched and (track.bypass or not self._load_enabled):
@@ -176,6 +177,16 @@ class VlmCacheOffloadingConnector(OffloadingConnector):
             for tier in rt.tiers:
                 tier.plan(request.request_id, keys)
 
+    def _note_gpu_resident(self, request: Any, track: _RequestTrack,
+                           num_computed_tokens: int) -> None:
+        """Record the chunks the request found in vLLM's GPU prefix cache: vLLM offers them
+        for storing, and second-sight admission must not count a GPU hit as a computation."""
+        rt = self._runtime
+        n = num_computed_tokens // max(1, rt.tokens_per_chunk) if rt is not None else 0
+        if rt is not None and n:
+            rt.gpu_resident[request.request_id] = frozenset(
+                self._offload_keys(request, track.prompt_tokens)[:n])
+
     def _tier_report(self, req_id: str) -> TierRequestReport | None:
         if self._runtime is None:
             return None
@@ -186,6 +197,10 @@ class VlmCacheOffloadingConnector(OffloadingConnector):
         return None
 
     def _with_report(self, request: Any, params: dict | None) -> dict | None:
+        if self._runtime is not None:
+            # its chunks were offered for storing when it was scheduled (vLLM's offloading
+            # scheduler stores up to the tokens computed after each step)
+            self._runtime.gpu_resident.pop(request.request_id, None)
         track = self._tracks.pop(request.request_id, None)
         if track is None:
             return params

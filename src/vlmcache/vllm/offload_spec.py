@@ -56,6 +56,14 @@ class SchedulerRuntime:
     #: number ``(i + 1) * hashes_per_chunk - 1``
     tokens_per_chunk: int = 0
     hashes_per_chunk: int = 0
+    #: request id -> offload keys it found in vLLM's GPU prefix cache (second-sight
+    #: admission does not count those); set by the connector, dropped when it finishes
+    gpu_resident: dict[str, frozenset[bytes]] = field(default_factory=dict)
+
+    def persistence_pays(self, n_chunks: int) -> bool:
+        """Whether a persistent tier would write ``n_chunks`` chunks (its cost model says
+        loading them later beats recomputing them)."""
+        return any(tier.writes_pay(n_chunks) for tier in self.tiers)
 
 
 _runtimes: dict[str, SchedulerRuntime] = {}
@@ -102,7 +110,9 @@ class VlmCacheOffloadingSpec(TieringOffloadingSpec):
         if not isinstance(manager, (SecondSightManager, FinishedRequestGuard)):
             manager = FinishedRequestGuard(manager)
             if self.vlmcache.admission_memory == "second_sight":
-                manager = SecondSightManager(manager, self.vlmcache.admission_ghost_entries)
+                manager = SecondSightManager(manager, self.vlmcache.admission_ghost_entries,
+                                             self.runtime.gpu_resident,
+                                             self.runtime.persistence_pays)
             self._manager = manager
         return manager
 

@@ -187,6 +187,12 @@ class PersistentKV:
         report.chunks_found += 1
         return True
 
+    def writes_pay(self, n_chunks: int) -> bool:
+        """Whether ``submit_store`` would write ``n_chunks`` rows now."""
+        n = max(1, n_chunks)
+        return self._save and self.cost.decide(n * self.tokens_per_chunk,
+                                               n * self.row_bytes).choice == "load"
+
     def submit_store(self, job_id: int, keys: Sequence[bytes], rows: Sequence[int],
                      req_id: str | None = None, tenant: str | None = None) -> None:
         """Persist rows ``rows`` under ``keys`` when loading them could ever win (a row the
