@@ -7,6 +7,8 @@
 #   bash scripts/gpu_bench.sh qwen2vl7b --modes native_cpu,native_tiering,native_tiering_restart,vllm_repeat
 # A mode run again in another engine process (the noise between processes): vllm#2, vlmcache#2
 # PROFILE=1 adds py-spy stacks of the batch-1 phases (wheel in .gpu/tools) -> $OUT/prof-*.tgz
+# vLLM's default engine (torch.compile + CUDA graphs; the first mode on a fresh machine compiles,
+# ~100 s more); --eager for enforce_eager
 set -uo pipefail
 shape=$1; shift
 case "$shape" in
@@ -25,7 +27,7 @@ fi
 nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader
 df -h /root | tail -1
 python benchmarks/gpu_native_path.py --geometry benchmarks/geometries/$shape --n 24 \
-  --batch 32 --cpu-bytes $cpu_bytes --mode-timeout 280 --work /root/work-$shape \
+  --batch 32 --cpu-bytes $cpu_bytes --mode-timeout 360 --work /root/work-$shape \
   --out "$out/gpu-native-path.json" "${extra[@]}" "$@" 2>&1 | tee -a "$out/log-$shape.txt"
 rc=${PIPESTATUS[0]}
 [ -d "$out/prof-$shape" ] && tar -C "$out" -czf "$out/prof-$shape.tgz" "prof-$shape" && rm -r "$out/prof-$shape"

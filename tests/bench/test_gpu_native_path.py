@@ -13,7 +13,7 @@ def test_invocations_for_one_shape_merge_their_modes_and_keep_each_command(tmp_p
 
     out = tmp_path / "r.json"
     args = argparse.Namespace(geometry="benchmarks/geometries/qwen2vl7b", out=str(out),
-                              compile=False, n=12, batch=32, cpu_bytes=1, block_size=16,
+                              eager=False, n=12, batch=32, cpu_bytes=1, block_size=16,
                               admission_memory="always")
     _write(args, ["--modes", "vllm"], {"vllm": {"miss": {"median_ms": 50.0}}})
     _write(args, ["--modes", "vlmcache"], {"vlmcache": {"miss": {"median_ms": 51.0}}})
@@ -69,3 +69,58 @@ def test_a_repeat_runs_its_mode_on_a_store_of_its_own_shared_with_its_restart():
     assert stores["vlmcache_restart#2"][1] == "/w/store-r2"
     assert stores["vlmcache@always#3"] == ("vlmcache", "/w/store-always-r3", "always")
     assert stores["vllm"] == ("vllm", "/w/store", "second_sight")
+
+
+class _Runner:
+    """Records the phases ``run_mode`` drives, in order."""
+
+    calls: list[str] = []
+    params2 = None
+
+    def __init__(self, mode, args):
+        _Runner.calls = []
+
+    def generate(self, seeds, params=None):
+        self.calls.append("generate")
+        return []
+
+    def timed(self, seeds):
+        self.calls.append("timed")
+        return {}
+
+    def batched(self, seeds):
+        self.calls.append("batched")
+        return {}
+
+    def reset_gpu_cache(self, settle_s):
+        self.calls.append("reset")
+
+    def close(self):
+        pass
+
+
+def _phases(monkeypatch, mode, admission):
+    from vlmcache.bench import gpu_native_path
+
+    monkeypatch.setattr(gpu_native_path, "Runner", _Runner)
+    args = argparse.Namespace(n=2, batch=2, settle=0.0, profile_dir="",
+                              admission_memory=admission)
+    phases = list(gpu_native_path.run_mode(mode, args))
+    calls = _Runner.calls[1:]  # after the warm-up batch
+    return phases, calls[calls.index("timed"):]
+
+
+def test_under_second_sight_cpu_hits_follow_a_second_computation(monkeypatch):
+    phases, calls = _phases(monkeypatch, "vlmcache", "second_sight")
+    assert phases == ["miss", "gpu_hit", "miss_batch", "miss_again", "cpu_hit",
+                      "miss_again_batch", "cpu_hit_batch"]
+    # prompts computed once, evicted, computed again (captured), then hit in the CPU tier;
+    # each CPU-hit phase comes right after its own prompts' capture
+    assert calls == ["timed", "timed", "batched", "generate", "reset", "timed", "reset",
+                     "timed", "batched", "reset", "batched"]
+
+
+def test_capture_at_first_sight_times_cpu_hits_after_one_reset(monkeypatch):
+    phases, calls = _phases(monkeypatch, "native_cpu", "second_sight")
+    assert phases == ["miss", "gpu_hit", "miss_batch", "cpu_hit", "cpu_hit_batch"]
+    assert calls == ["timed", "timed", "batched", "reset", "timed", "reset", "batched"]

@@ -1,7 +1,8 @@
 """vlmcache's KV path against vLLM's own paths, side by side on one GPU, per model shape.
 
 Modes (each in its own engine process, same requests: ~620-680-token image prompts, one
-output token, dummy weights, ``benchmarks/geometries/``):
+output token, dummy weights, ``benchmarks/geometries/``; vLLM's default engine, compiled with
+CUDA graphs, unless ``--eager``):
 
 - ``vllm``: recompute (miss), vLLM's GPU prefix-cache hit, batched prefill throughput;
 - ``native_cpu``: vLLM's native CPU offloading (``kv_offloading_size``): CPU hit after the
@@ -83,7 +84,7 @@ def _device() -> str:
 
 
 def _engine_args(args: argparse.Namespace) -> dict[str, Any]:
-    return {"load_format": "dummy", "enforce_eager": not args.compile,
+    return {"load_format": "dummy", "enforce_eager": args.eager,
             "gpu_memory_utilization": args.gpu_memory_utilization,
             "max_model_len": args.max_model_len, "limit_mm_per_prompt": {"image": 1},
             "seed": 0, "max_num_seqs": 64, "enable_prefix_caching": True,
@@ -249,31 +250,34 @@ def run_mode(mode: str, args: argparse.Namespace) -> dict[str, Any]:
             out["gpu_hit"] = runner.timed(seeds)
         out["miss_batch"] = runner.batched(batch)
         if mode not in BASELINES:
-            # before later phases' captures: the CPU region holds ~60 LLaVA prompts, and
-            # LRU would evict these (captured at their miss, or their GPU hit under second
-            # sight) to make room for the phases below
-            runner.reset_gpu_cache(args.settle)
-            with PhaseProfile(args, f"{mode}-cpu_hit"):
-                out["cpu_hit"] = runner.timed(seeds)
-        if mode.startswith("vlmcache") and args.admission_memory == "second_sight":
-            out.update(_second_computation(runner, args, seeds, batch))
-        if mode not in BASELINES:
-            runner.reset_gpu_cache(args.settle)
-            out["cpu_hit_batch"] = runner.batched(batch)
+            _offload_phases(runner, mode, args, seeds, batch, out)
         time.sleep(args.settle)  # the persistent tier's writes land before the process ends
     finally:
         runner.close()
     return out
 
 
-def _second_computation(runner: Runner, args: argparse.Namespace, seeds: Sequence[int],
-                        batch: Sequence[int]) -> dict[str, Any]:
-    """Under second sight: prompts seen once (not captured), then evicted; their second
-    computation captures, and so does the batch's (its first sight was ``miss_batch``)."""
-    again = [s + AGAIN_SEED_OFFSET for s in seeds]
-    runner.generate(again)
+def _offload_phases(runner: Runner, mode: str, args: argparse.Namespace,
+                    seeds: Sequence[int], batch: Sequence[int], out: dict[str, Any]) -> None:
+    """CPU-tier hits, each timed right after its prompts were captured (the CPU region holds
+    ~60 LLaVA prompts: LRU would evict them to make room for later captures). Under second
+    sight a prompt is captured when computed a second time (its GPU hit captures it only
+    where the persistent tier would keep it): other prompts are computed once, evicted from
+    the GPU and timed computed again (``miss_again``), then hit in the CPU tier."""
+    hit_seeds = list(seeds)
+    second_sight = mode.startswith("vlmcache") and args.admission_memory == "second_sight"
+    if second_sight:
+        hit_seeds = [s + AGAIN_SEED_OFFSET for s in seeds]
+        runner.generate(hit_seeds)
+        runner.reset_gpu_cache(args.settle)
+        out["miss_again"] = runner.timed(hit_seeds)
     runner.reset_gpu_cache(args.settle)
-    return {"miss_again": runner.timed(again), "miss_again_batch": runner.batched(batch)}
+    with PhaseProfile(args, f"{mode}-cpu_hit"):
+        out["cpu_hit"] = runner.timed(hit_seeds)
+    if second_sight:  # the batch's first computation was miss_batch
+        out["miss_again_batch"] = runner.batched(batch)
+    runner.reset_gpu_cache(args.settle)
+    out["cpu_hit_batch"] = runner.batched(batch)
 
 
 def _mode(name: str) -> str:
@@ -316,7 +320,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--kv-io-threads", type=int, default=8,
                         help="vlmcache's persistent-tier I/O threads")
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.85)
-    parser.add_argument("--compile", action="store_true", help="torch.compile + CUDA graphs")
+    parser.add_argument("--eager", action="store_true",
+                        help="enforce_eager: no torch.compile, no CUDA graphs (vLLM's default, "
+                        "and the benchmark's, is both)")
+    parser.add_argument("--compile", action="store_true", help=argparse.SUPPRESS)  # the default
     parser.add_argument("--max-model-len", type=int, default=2048)
     parser.add_argument("--modes", default=",".join(MODES))
     parser.add_argument("--mode-timeout", type=int, default=240)
@@ -367,7 +374,7 @@ def _write(args: argparse.Namespace, argv: Sequence[str] | None, modes: dict[str
     cmd = "python benchmarks/gpu_native_path.py " + shlex.join(
         list(argv) if argv is not None else sys.argv[1:])
     record.update({"device": _device(), "vllm_version": vllm.__version__,
-                   "engine": "enforce_eager" if not args.compile else "compiled + CUDA graphs",
+                   "engine": "enforce_eager" if args.eager else "compiled + CUDA graphs",
                    "dummy_weights": True, "output_tokens": 1})
     settings = {"n_batch1": args.n, "batch": args.batch, "cpu_bytes": args.cpu_bytes,
                 "block_size": args.block_size, "admission_memory": args.admission_memory}
