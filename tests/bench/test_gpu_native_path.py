@@ -112,15 +112,17 @@ def _phases(monkeypatch, mode, admission):
 
 def test_under_second_sight_cpu_hits_follow_a_second_computation(monkeypatch):
     phases, calls = _phases(monkeypatch, "vlmcache", "second_sight")
-    assert phases == ["miss", "gpu_hit", "miss_batch", "miss_again", "cpu_hit",
-                      "miss_again_batch", "cpu_hit_batch"]
+    assert phases == ["miss", "gpu_hit", "gpu_hit_again", "miss_batch", "miss_again",
+                      "cpu_hit", "miss_again_batch", "cpu_hit_batch"]
     # prompts computed once, evicted, computed again (captured), then hit in the CPU tier;
     # each CPU-hit phase comes right after its own prompts' capture
-    assert calls == ["timed", "timed", "batched", "generate", "reset", "timed", "reset",
-                     "timed", "batched", "reset", "batched"]
+    assert calls == ["timed", "timed", "timed", "batched", "generate", "reset", "timed",
+                     "reset", "timed", "batched", "reset", "batched"]
 
 
 def test_capture_at_first_sight_times_cpu_hits_after_one_reset(monkeypatch):
     phases, calls = _phases(monkeypatch, "native_cpu", "second_sight")
-    assert phases == ["miss", "gpu_hit", "miss_batch", "cpu_hit", "cpu_hit_batch"]
-    assert calls == ["timed", "timed", "batched", "reset", "timed", "reset", "batched"]
+    assert phases == ["miss", "gpu_hit", "gpu_hit_again", "miss_batch", "cpu_hit",
+                      "cpu_hit_batch"]
+    assert calls == ["timed", "timed", "timed", "batched", "reset", "timed", "reset",
+                     "batched"]

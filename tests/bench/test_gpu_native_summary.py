@@ -9,10 +9,10 @@ def _row(ms, **tokens):
 
 def _modes(restart_loaded=656.0, restart_stored=656.0, choice="load"):
     return {
-        "vllm": {"miss": _row(60.0), "gpu_hit": _row(40.0),
+        "vllm": {"miss": _row(60.0), "gpu_hit": _row(40.0), "gpu_hit_again": _row(40.0),
                  "miss_batch": {"prompt_tok_s": 20000}},
         "native_cpu": {"cpu_hit": _row(35.0)},
-        "vlmcache": {"miss": _row(62.0), "gpu_hit": _row(41.0),
+        "vlmcache": {"miss": _row(62.0), "gpu_hit": _row(41.0), "gpu_hit_again": _row(41.0),
                      "cpu_hit": _row(36.0, prompt_tokens=665.0, tokens_loaded=656.0),
                      "miss_batch": {"prompt_tok_s": 19500}},
         "vlmcache_restart": {"restart_hit": _row(30.0, prompt_tokens=665.0,
@@ -127,3 +127,11 @@ def test_under_second_sight_the_choice_not_to_write_comes_from_the_capturing_pha
     modes["vlmcache"]["gpu_hit"]["cost_model_reason"] = "predicted load 90 ms >= 40 ms"
     s = shape_summary(modes, 16)
     assert s["cost_model_choice"] == "skip" and s["cost_model_reason"].startswith("predicted")
+
+
+def test_a_capturing_first_gpu_hit_is_judged_apart_from_later_ones():
+    modes = _modes()
+    modes["vlmcache"]["gpu_hit"] = _row(50.0)  # the first GPU hit copied the prompt out
+    s = shape_summary(modes, block_size=16)
+    assert s["targets"]["gpu_hit_le_1.05x_vllm_gpu_hit"] is False
+    assert s["targets"]["gpu_hit_again_le_1.05x_vllm"] is True
