@@ -6,7 +6,10 @@ one prompt's KV (42 blocks of the 7B shapes) through vLLM's copy handler.
 
 Per case, the median over reps of: main stream done -> token copy done (GPU events), and
 the host's wait for the token copy after submitting everything. Cases: no store; the whole
-store; the store split in parts; the store ordered after the token copy (waits on its event).
+store after the token copy was enqueued; the same split in parts; the store ordered after
+the token copy (waits on its event); the store submitted before the forward, as vLLM
+submits the previous step's deferred store (``--layers`` sets the forward's length: 400
+reads ~13 GB of weights, about a 7B model's short step).
 
     PYTHONPATH=/root/site python benchmarks/diagnostics/offload_copy/token_race.py --out X.json
 """
@@ -40,9 +43,21 @@ def _handler(shape: str, args):
         kv_cache_groups_data_refs=refs, gpu_to_cpu=True)
 
 
+def _store(handler, case: str, job: int, args, rng) -> None:
+    n = args.blocks
+    g = rng.choice(args.gpu_blocks, n, replace=False).tolist()
+    c = rng.choice(args.cpu_blocks, n, replace=False).tolist()
+    parts = args.parts if case == "split" else 1
+    for p, (gs, cs) in enumerate(zip(np.array_split(g, parts), np.array_split(c, parts))):
+        handler.transfer_async(job * 100 + p, GPULoadStoreSpec(gs.tolist(), [len(gs)], [0]),
+                               CPULoadStoreSpec(cs.tolist()))
+
+
 def _step(handler, case: str, job: int, args, weights, rng) -> tuple[float, float]:
     main = torch.cuda.current_stream()
     copy_stream = args.copy_stream
+    if case == "before_forward":  # vLLM: the previous step's store, at this step's start
+        _store(handler, case, job, args, rng)
     x = torch.randn(args.tokens, 4096, device="cuda", dtype=torch.bfloat16)
     for w in weights:  # a forward's worth of weight reads
         x = torch.tanh(x @ w)
@@ -54,18 +69,11 @@ def _step(handler, case: str, job: int, args, weights, rng) -> tuple[float, floa
         host.copy_(x[:, 0], non_blocking=True)
         token_done = torch.cuda.Event(enable_timing=True, blocking=True)
         token_done.record(copy_stream)
-    if case != "none":
-        n = args.blocks
-        g = rng.choice(args.gpu_blocks, n, replace=False).tolist()
-        c = rng.choice(args.cpu_blocks, n, replace=False).tolist()
-        parts = args.parts if case == "split" else 1
+    if case in ("whole", "split", "after_token"):
         if case == "after_token":
             # the store stream is taken from the handler's pool; make the next one wait
             main.wait_event(token_done)
-        for p, (gs, cs) in enumerate(zip(np.array_split(g, parts), np.array_split(c, parts))):
-            handler.transfer_async(job * 100 + p,
-                                   GPULoadStoreSpec(gs.tolist(), [len(gs)], [0]),
-                                   CPULoadStoreSpec(cs.tolist()))
+        _store(handler, case, job, args, rng)
     t0 = time.perf_counter()
     token_done.synchronize()
     host_ms = (time.perf_counter() - t0) * 1e3
@@ -93,7 +101,7 @@ def main() -> None:
     rows = []
     for shape in args.shapes.split(","):
         handler = _handler(shape, args)
-        for case in ("none", "whole", "split", "after_token", "none"):
+        for case in ("none", "whole", "split", "after_token", "before_forward", "none"):
             gpu, host = [], []
             for r in range(args.reps + 3):
                 g, h = _step(handler, case, r, args, weights, rng)
