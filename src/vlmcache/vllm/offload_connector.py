@@ -94,8 +94,7 @@ class VlmCacheOffloadingConnector(OffloadingConnector):
             track = self._tracks[request.request_id] = _RequestTrack(
                 len(request.prompt_token_ids or []), num_computed_tokens,
                 bypass=_wants_bypass(request))
-            self._note_gpu_resident(request, track, num_computed_tokens)
-            self._plan(request, track, num_computed_tokens)
+            self._first_sight(request, track, num_computed_tokens)
         matched, is_async = super().get_num_new_matched_tokens(request, num_computed_tokens)
         if matched and (track.bypass or not self._load_enabled):
             return 0, False
@@ -165,27 +164,24 @@ class VlmCacheOffloadingConnector(OffloadingConnector):
         return [store_key(rt.namespace_digest, k)
                 for k in self._offload_keys(request, prompt_tokens)]
 
-    def _plan(self, request: Any, track: _RequestTrack, num_computed_tokens: int) -> None:
-        """Let each persistent tier decide load-or-skip once for the request's stored prefix
-        beyond what vLLM's GPU cache holds (a per-prefix cost, not a per-chunk one)."""
+    def _first_sight(self, request: Any, track: _RequestTrack, num_computed_tokens: int) -> None:
+        """Once per request, on its chunks' keys: record those vLLM's GPU prefix cache holds
+        (vLLM offers them for storing too, and second-sight admission must not take a GPU
+        hit for a computation), and let each persistent tier decide load-or-skip once for
+        the stored prefix beyond them (a per-prefix cost, not a per-chunk one)."""
         rt = self._runtime
-        if rt is None or not rt.tiers or track.bypass or not self._load_enabled:
+        if rt is None:
             return
         first = num_computed_tokens // max(1, rt.tokens_per_chunk)
-        keys = self._offload_keys(request, track.prompt_tokens)[first:]
-        if keys:
+        plan = bool(rt.tiers) and not track.bypass and self._load_enabled
+        if not first and not plan:
+            return
+        keys = self._offload_keys(request, track.prompt_tokens)
+        if first and keys:
+            rt.gpu_resident[request.request_id] = frozenset(keys[:first])
+        if plan and keys[first:]:
             for tier in rt.tiers:
-                tier.plan(request.request_id, keys)
-
-    def _note_gpu_resident(self, request: Any, track: _RequestTrack,
-                           num_computed_tokens: int) -> None:
-        """Record the chunks the request found in vLLM's GPU prefix cache: vLLM offers them
-        for storing, and second-sight admission must not count a GPU hit as a computation."""
-        rt = self._runtime
-        n = num_computed_tokens // max(1, rt.tokens_per_chunk) if rt is not None else 0
-        if rt is not None and n:
-            rt.gpu_resident[request.request_id] = frozenset(
-                self._offload_keys(request, track.prompt_tokens)[:n])
+                tier.plan(request.request_id, keys[first:])
 
     def _tier_report(self, req_id: str) -> TierRequestReport | None:
         if self._runtime is None:
