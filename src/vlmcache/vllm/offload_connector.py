@@ -70,6 +70,8 @@ class VlmCacheOffloadingConnector(OffloadingConnector):
         config = vlmcache_config(extra)
         self._engine_id = str(transfer.engine_id)
         self._load_enabled = config.enable_kv_load
+        # only second-sight admission reads which chunks a request found on the GPU
+        self._note_resident = config.admission_memory == "second_sight"
         self._runtime: SchedulerRuntime | None = None
         if role == KVConnectorRole.SCHEDULER:
             namespace = namespace_for_engine(vllm_config, config)
@@ -174,10 +176,11 @@ class VlmCacheOffloadingConnector(OffloadingConnector):
             return
         first = num_computed_tokens // max(1, rt.tokens_per_chunk)
         plan = bool(rt.tiers) and not track.bypass and self._load_enabled
-        if not first and not plan:
+        resident = bool(first) and self._note_resident
+        if not resident and not plan:
             return
         keys = self._offload_keys(request, track.prompt_tokens)
-        if first and keys:
+        if resident and keys:
             rt.gpu_resident[request.request_id] = frozenset(keys[:first])
         if plan and keys[first:]:
             for tier in rt.tiers:
