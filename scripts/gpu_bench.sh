@@ -3,8 +3,11 @@
 # by ../shared/gpu/stage-vllm.sh; see ENVIRONMENT.md). One shape per call (a call has 10
 # minutes), each call's result file in $OUT; join them afterwards with
 #   python benchmarks/gpu_native_path.py --merge A.json B.json ... --out RESULT.json
-#   bash scripts/gpu_bench.sh qwen2vl7b --modes vllm,vlmcache,vlmcache_restart
-#   bash scripts/gpu_bench.sh qwen2vl7b --modes native_cpu,native_tiering,native_tiering_restart,vllm_repeat
+# Modes joined by + run at once on the GPU, taking turns request by request (engines run one
+# after the other differed by 15-30% on the same GPU hit); one group per call (10 minutes):
+#   bash scripts/gpu_bench.sh llava7b --modes vllm+vlmcache
+#   bash scripts/gpu_bench.sh llava7b --modes native_cpu+native_tiering
+#   bash scripts/gpu_bench.sh llava7b --modes vlmcache_restart+native_tiering_restart
 # A mode run again in another engine process (the noise between processes): vllm#2, vlmcache#2
 # PROFILE=1 adds py-spy stacks of the batch-1 phases (wheel in .gpu/tools) -> $OUT/prof-*.tgz
 # vLLM's default engine (torch.compile + CUDA graphs; the first mode on a fresh machine compiles,
@@ -27,7 +30,7 @@ fi
 nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader
 df -h /root | tail -1
 python benchmarks/gpu_native_path.py --geometry benchmarks/geometries/$shape --n 24 \
-  --batch 32 --cpu-bytes $cpu_bytes --mode-timeout 360 --work /root/work-$shape \
+  --batch 32 --cpu-bytes $cpu_bytes --mode-timeout 540 --work /root/work-$shape \
   --out "$out/gpu-native-path.json" "${extra[@]}" "$@" 2>&1 | tee -a "$out/log-$shape.txt"
 rc=${PIPESTATUS[0]}
 [ -d "$out/prof-$shape" ] && tar -C "$out" -czf "$out/prof-$shape.tgz" "prof-$shape" && rm -r "$out/prof-$shape"

@@ -77,7 +77,7 @@ class _Runner:
     calls: list[str] = []
     params2 = None
 
-    def __init__(self, mode, args):
+    def __init__(self, mode, args, turns):
         _Runner.calls = []
 
     def generate(self, seeds, params=None):
@@ -104,8 +104,10 @@ def _phases(monkeypatch, mode, admission):
 
     monkeypatch.setattr(gpu_native_path, "Runner", _Runner)
     args = argparse.Namespace(n=2, batch=2, settle=0.0, profile_dir="",
-                              admission_memory=admission)
+                              admission_memory=admission, turns="", child=None)
     phases = list(gpu_native_path.run_mode(mode, args))
+    # the plan a turn server aligns phases by is what the mode runs
+    assert gpu_native_path.phase_plan(mode, args) == phases
     calls = _Runner.calls[1:]  # after the warm-up batch
     return phases, calls[calls.index("timed"):]
 

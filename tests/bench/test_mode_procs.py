@@ -2,6 +2,7 @@
 
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -33,3 +34,65 @@ def test_a_finished_mode_waits_for_its_detached_io_process_then_kills_it():
         assert io.pid not in mode_procs._io_processes()
     finally:
         io.kill()
+
+
+_FAKE_MODE = """
+import json, sys, time
+from vlmcache.bench.turns import Turns
+a = sys.argv[1:]
+mode, out = a[a.index("--child") + 1], a[a.index("--child-out") + 1]
+turns = Turns(a[a.index("--turns") + 1], mode, ["miss"])
+share = float(a[a.index("--gpu-memory-utilization") + 1])
+turns.phase("miss")
+spans = []
+for _ in range(5):
+    with turns.turn():
+        t0 = time.time(); time.sleep(0.01); spans.append((t0, time.time()))
+turns.close()
+json.dump({"spans": spans, "share": share}, open(out, "w"))
+"""
+
+
+def test_a_group_runs_its_modes_at_once_taking_turns(tmp_path, monkeypatch):
+    import argparse
+
+    monkeypatch.setattr(mode_procs, "CHILD_CMD", (sys.executable, "-c", _FAKE_MODE))
+    args = argparse.Namespace(work=str(tmp_path), mode_timeout=60, flush_timeout=0.0,
+                              gpu_memory_utilization=0.9)
+    results = mode_procs.run_group(["vllm", "vlmcache"], args, [])
+    assert set(results) == {"vllm", "vlmcache"}
+    spans = sorted((s[0], s[1], m) for m, r in results.items() for s in r["spans"])
+    assert len(spans) == 10
+    assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:]))  # never at once
+    assert len({m for _, _, m in spans[:4]}) == 2  # interleaved, not one after the other
+    for r in results.values():
+        assert r["share"] == 0.45 and r["interleaved_with"] == ["vllm", "vlmcache"]
+
+
+def test_a_mode_alone_gets_no_turn_server(tmp_path, monkeypatch):
+    import argparse
+
+    script = ("import json, sys; a = sys.argv[1:]; "
+              "json.dump({'argv': a}, open(a[a.index('--child-out') + 1], 'w'))")
+    monkeypatch.setattr(mode_procs, "CHILD_CMD", (sys.executable, "-c", script))
+    args = argparse.Namespace(work=str(tmp_path), mode_timeout=60, flush_timeout=0.0,
+                              gpu_memory_utilization=0.9)
+    result = mode_procs.run_group(["vllm"], args, ["--n", "3"])["vllm"]
+    assert "--turns" not in result["argv"] and "interleaved_with" not in result
+    assert result["argv"][-2:] == ["--n", "3"]
+
+
+def test_a_mode_that_dies_at_start_up_holds_the_other_back_no_longer(tmp_path, monkeypatch):
+    import argparse
+
+    script = ("import sys\n"
+              "if '--child' in sys.argv and sys.argv[sys.argv.index('--child') + 1] == 'vllm':\n"
+              "    sys.exit(3)  # before its hello, as an engine that fails to start\n" + _FAKE_MODE)
+    monkeypatch.setattr(mode_procs, "CHILD_CMD", (sys.executable, "-c", script))
+    args = argparse.Namespace(work=str(tmp_path), mode_timeout=60, flush_timeout=0.0,
+                              gpu_memory_utilization=0.9)
+    start = time.monotonic()
+    results = mode_procs.run_group(["vllm", "vlmcache"], args, [])
+    assert time.monotonic() - start < 30
+    assert results["vllm"]["error"] == "exit 3"
+    assert len(results["vlmcache"]["spans"]) == 5

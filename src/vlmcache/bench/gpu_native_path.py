@@ -21,6 +21,12 @@ CUDA graphs, unless ``--eager``):
 mode shares its capture mode's): the summary pools every run's requests, keeps each run's
 median, and judges a full load on the worst run.
 
+``A+B`` runs modes at once, sharing the GPU's memory, taking turns request by request
+(:mod:`vlmcache.bench.turns`): run one after the other, engine processes on a lent H100 drew
+the same GPU hit 15-30% apart, more than the targets allow. ``vllm+vlmcache,
+native_cpu+native_tiering,vlmcache_restart+native_tiering_restart`` is the full set. Each
+engine's work is in :mod:`vlmcache.bench.gpu_runner`.
+
 Every row says what was reused: tokens loaded, from vLLM's prefix cache, computed. One mode
 failing records its error and the others go on; results are rewritten after every mode.
 """
@@ -32,7 +38,6 @@ import json
 import os
 import platform
 import shlex
-import statistics
 import sys
 import tempfile
 import time
@@ -40,8 +45,10 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from vlmcache.bench.gpu_native_summary import BASELINES, merge_files, merge_shape
-from vlmcache.bench.mode_procs import kill_running, run_child
-from vlmcache.bench.phase_timing import PHASES, PhaseProfile, phase_medians, phases
+from vlmcache.bench.mode_procs import kill_running, run_group
+from vlmcache.bench.gpu_runner import Runner
+from vlmcache.bench.phase_timing import PhaseProfile
+from vlmcache.bench.turns import Turns, session_cpu_s
 from vlmcache.config import VlmCacheConfig
 
 MODES = ("vllm", "vlmcache", "vlmcache_restart", "native_cpu", "native_tiering",
@@ -53,25 +60,6 @@ WARMUP_SEEDS = (9000, 9001, 9002)
 BATCH_SEED0 = 100
 AGAIN_SEED_OFFSET = 20_000
 ADMISSIONS = ("always", "second_sight")
-QUESTION = ("Describe the scene in this picture in detail: the objects, their colours and "
-            "positions, and any text that can be read in it.")
-
-
-def _prompt(geometry: Path) -> tuple[str, int]:
-    """(prompt, image side in pixels) for the geometry's model family."""
-    cfg = json.loads((geometry / "config.json").read_text())
-    if cfg.get("model_type") == "qwen2_vl":
-        return ("<|im_start|>user\n<|vision_start|><|image_pad|><|vision_end|>"
-                f"{QUESTION}<|im_end|>\n<|im_start|>assistant\n", 672)
-    return f"USER: <image>\n{QUESTION} ASSISTANT:", 336
-
-
-def _image(seed: int, side: int) -> Any:
-    import numpy as np
-    from PIL import Image
-
-    rng = np.random.default_rng(seed)
-    return Image.fromarray(rng.integers(0, 256, (side, side, 3), dtype=np.uint8))
 
 
 def _device() -> str:
@@ -84,204 +72,82 @@ def _device() -> str:
     return f"{name}; {platform.node()}; {os.cpu_count()} CPU cores"
 
 
-def _engine_args(args: argparse.Namespace) -> dict[str, Any]:
-    return {"load_format": "dummy", "enforce_eager": args.eager,
-            "gpu_memory_utilization": args.gpu_memory_utilization,
-            "max_model_len": args.max_model_len, "limit_mm_per_prompt": {"image": 1},
-            "seed": 0, "max_num_seqs": 64, "enable_prefix_caching": True,
-            "block_size": args.block_size,
-            "disable_log_stats": False}  # per-request engine timestamps (where time goes)
+def phase_plan(mode: str, args: argparse.Namespace) -> list[str]:
+    """The timed phases ``run_mode`` runs for ``mode``, in order."""
+    if mode.endswith("_restart"):
+        return ["restart_hit", "restart_hit_batch"]
+    plan = ["miss", "gpu_hit", "gpu_hit_again", "miss_batch"]
+    if mode in BASELINES:
+        return plan
+    if _second_sight(mode, args):
+        return plan + ["miss_again", "cpu_hit", "miss_again_batch", "cpu_hit_batch"]
+    return plan + ["cpu_hit", "cpu_hit_batch"]
 
 
-def _vlmcache_llm(args: argparse.Namespace, engine_args: dict[str, Any]) -> Any:
-    from vlmcache.api import CachedLLM
-    from vlmcache.config import VlmCacheConfig
-
-    config = VlmCacheConfig(store_path=args.store, memory_budget=args.cpu_bytes,
-                            disk_budget=args.disk_bytes, enable_encoder_cache=False,
-                            enable_exact=False, log_requests=False,
-                            model_revision="dummy-weights", kv_io_threads=args.kv_io_threads,
-                            admission_memory=args.admission_memory)
-    return CachedLLM(args.geometry, config, engine_args=engine_args)
-
-
-def _native_llm(mode: str, args: argparse.Namespace, engine_args: dict[str, Any]) -> Any:
-    from vllm import LLM
-
-    if mode == "native_cpu":
-        engine_args["kv_offloading_size"] = args.cpu_bytes / 1024**3
-    elif mode.startswith("native_tiering"):
-        from vllm.config import KVTransferConfig
-
-        tiers = ([] if mode == "native_tiering_cpu" else
-                 [{"type": "fs", "root_dir": args.store + "-fs"}])
-        extra = {"spec_name": "TieringOffloadingSpec", "cpu_bytes_to_use": args.cpu_bytes,
-                 "secondary_tiers": tiers}
-        engine_args["kv_transfer_config"] = KVTransferConfig(
-            kv_connector="OffloadingConnector", kv_role="kv_both",
-            kv_connector_extra_config=extra)
-        engine_args["prefix_caching_hash_algo"] = "sha256_cbor"
-    return LLM(model=args.geometry, **engine_args)
-
-
-class Runner:
-    """One engine in this process."""
-
-    def __init__(self, mode: str, args: argparse.Namespace) -> None:
-        from vllm import SamplingParams
-
-        self.prompt, self.side = _prompt(Path(args.geometry))
-        self.store, self.block_size = args.store, args.block_size
-        self.params = SamplingParams(temperature=0.0, max_tokens=1)
-        self.params2 = SamplingParams(temperature=0.0, max_tokens=2)
-        engine_args = _engine_args(args)
-        self.cached = _vlmcache_llm(args, engine_args) if mode.startswith("vlmcache") else None
-        if self.cached is not None:  # the geometries carry no tokenizer_config to read it from
-            self.cached.image_placeholder = ("<|image_pad|>" if "<|image_pad|>" in self.prompt
-                                             else "<image>")
-        self.llm = self.cached.llm if self.cached else _native_llm(mode, args, engine_args)
-
-    def generate(self, seeds: Sequence[int], params: Any = None) -> list[dict[str, Any]]:
-        """One ``generate`` call; per request: prompt tokens, loaded, from prefix cache, where
-        its time went, and the call's wall time (``wall_s``: the call alone, not making the
-        images nor the benchmark's own look at the store)."""
-        images = [_image(s, self.side) for s in seeds]
-        params = params or self.params
-        start = time.perf_counter()
-        if self.cached is not None:
-            from vlmcache.api import VlmRequest
-
-            outs = self.cached.generate([VlmRequest(self.prompt, (im,)) for im in images],
-                                        params)
-            end = time.perf_counter()
-            return [{"wall_s": end - start,
-                     "prompt": o.report.prompt_tokens, "loaded": o.report.tokens_loaded,
-                     "prefix": o.report.tokens_from_prefix_cache,
-                     "stored": self._stored_tokens(o.report.chunk_keys),
-                     "choice": o.report.kv_cost_choice, "reason": o.report.kv_cost_reason,
-                     **phases(o.output, start, end)} for o in outs]
-        prompts = [{"prompt": self.prompt, "multi_modal_data": {"image": im}} for im in images]
-        outs = self.llm.generate(prompts, params, use_tqdm=False)
-        end = time.perf_counter()
-        # vLLM reports one number for its prefix cache plus what a connector loaded
-        return [{"wall_s": end - start,
-                 "prompt": len(o.prompt_token_ids or ()), "cached": o.num_cached_tokens or 0,
-                 **phases(o, start, end)} for o in outs]
-
-    def _stored_tokens(self, chunk_keys: Sequence[str]) -> int:
-        """Tokens of the request's leading chunks found in the persistent store's files."""
-        from vlmcache.store.chunkfile import SUFFIX
-
-        root = Path(self.store) / "kv" / "chunks"
-        stored = 0
-        for key in chunk_keys:
-            if not (root / key[:2] / f"{key}{SUFFIX}").exists():
-                break
-            stored += 1
-        return stored * self.block_size
-
-    def timed(self, seeds: Sequence[int]) -> dict[str, Any]:
-        """Batch 1: each request alone; median latency and what was reused."""
-        ms, facts = [], []
-        for s in seeds:
-            facts += self.generate([s])
-            ms.append(facts[-1]["wall_s"] * 1e3)
-        return {"median_ms": round(statistics.median(ms), 2), "min_ms": round(min(ms), 2),
-                "all_ms": [round(m, 2) for m in ms], **_token_summary(facts),
-                "phases_ms": [{k: round(f[k], 2) for k in PHASES if k in f} for f in facts]}
-
-    def batched(self, seeds: Sequence[int]) -> dict[str, Any]:
-        facts = self.generate(seeds)
-        wall = facts[0]["wall_s"]
-        tokens = sum(f["prompt"] for f in facts)
-        return {"batch": len(seeds), "wall_ms": round(wall * 1e3, 1),
-                "prompt_tok_s": round(tokens / wall), **_token_summary(facts)}
-
-    def reset_gpu_cache(self, settle_s: float) -> None:
-        time.sleep(settle_s)  # asynchronous stores land first
-        if not self.llm.reset_prefix_cache():
-            raise RuntimeError("vLLM refused to reset its prefix cache")
-
-    def close(self) -> None:
-        if self.cached is not None:
-            self.cached.close()
-
-
-def _token_summary(facts: list[dict[str, Any]]) -> dict[str, Any]:
-    """Median tokens per request: prompt, loaded, from prefix cache, computed; and the
-    median time per phase."""
-    def med(fn: Any) -> float:
-        return statistics.median(fn(f) for f in facts)
-
-    if "cached" in facts[0]:  # plain vLLM: loaded and prefix-cached are one number
-        out = {"prompt_tokens": med(lambda f: f["prompt"]),
-               "tokens_cached": med(lambda f: f["cached"]),
-               "tokens_computed": med(lambda f: f["prompt"] - f["cached"])}
-        return {**out, **phase_medians(facts)}
-    choices = sorted({str(f["choice"]) for f in facts if f["choice"]})
-    return {"prompt_tokens": med(lambda f: f["prompt"]),
-            "tokens_loaded": med(lambda f: f["loaded"]),
-            "tokens_from_prefix_cache": med(lambda f: f["prefix"]),
-            "tokens_computed": med(lambda f: f["prompt"] - f["loaded"] - f["prefix"]),
-            "tokens_stored": med(lambda f: f["stored"]),
-            "cost_model_choices": choices,
-            "cost_model_reason": next((f["reason"] for f in facts if f["reason"]), None),
-            **phase_medians(facts)}
+def _second_sight(mode: str, args: argparse.Namespace) -> bool:
+    return mode.startswith("vlmcache") and args.admission_memory == "second_sight"
 
 
 def run_mode(mode: str, args: argparse.Namespace) -> dict[str, Any]:
-    """Every measurement of one mode, in this process."""
-    runner = Runner(mode, args)
+    """Every measurement of one mode, in this process (taking turns on the GPU with the
+    other modes of its group when ``args.turns`` names their turn server)."""
+    turns = Turns(args.turns, args.child or mode, phase_plan(mode, args))
+    runner = Runner(mode, args, turns)
     seeds, batch = list(range(args.n)), list(range(BATCH_SEED0, BATCH_SEED0 + args.batch))
     out: dict[str, Any] = {}
+
+    def timed(name: str, seed_list: Sequence[int], batched: bool = False) -> None:
+        turns.phase(name)
+        with PhaseProfile(args, f"{mode}-{name}"):
+            out[name] = runner.batched(seed_list) if batched else runner.timed(seed_list)
+
     try:
         runner.batched([s + 50_000 for s in batch])  # warms the batched shapes
         runner.generate(list(WARMUP_SEEDS))
         for s in WARMUP_SEEDS:  # single prefills (2 tokens: the engine times its prefill)
             runner.generate([s + 1000], runner.params2)
         if mode.endswith("_restart"):
-            with PhaseProfile(args, f"{mode}-restart_hit"):
-                out["restart_hit"] = runner.timed(seeds)
-            out["restart_hit_batch"] = runner.batched(batch)
+            timed("restart_hit", seeds)
+            timed("restart_hit_batch", batch, batched=True)
             return out
-        with PhaseProfile(args, f"{mode}-miss"):
-            out["miss"] = runner.timed(seeds)
+        timed("miss", seeds)
         time.sleep(args.settle)
-        with PhaseProfile(args, f"{mode}-gpu_hit"):
-            out["gpu_hit"] = runner.timed(seeds)
+        timed("gpu_hit", seeds)
         time.sleep(args.settle)
         # a prompt's later GPU hits: its first one may have captured it (second sight)
-        out["gpu_hit_again"] = runner.timed(seeds)
-        out["miss_batch"] = runner.batched(batch)
+        timed("gpu_hit_again", seeds)
+        timed("miss_batch", batch, batched=True)
         if mode not in BASELINES:
-            _offload_phases(runner, mode, args, seeds, batch, out)
+            _offload_phases(runner, mode, args, seeds, batch, timed)
         time.sleep(args.settle)  # the persistent tier's writes land before the process ends
     finally:
         runner.close()
+        turns.close()
+        if args.turns:  # an engine that spins while it waits slows the others
+            out["turns_held_s"], out["session_cpu_s"] = round(turns.held_s, 1), session_cpu_s()
     return out
 
 
 def _offload_phases(runner: Runner, mode: str, args: argparse.Namespace,
-                    seeds: Sequence[int], batch: Sequence[int], out: dict[str, Any]) -> None:
+                    seeds: Sequence[int], batch: Sequence[int], timed: Any) -> None:
     """CPU-tier hits, each timed right after its prompts were captured (the CPU region holds
     ~60 LLaVA prompts: LRU would evict them to make room for later captures). Under second
     sight a prompt is captured when computed a second time (its GPU hit captures it only
     where the persistent tier would keep it): other prompts are computed once, evicted from
     the GPU and timed computed again (``miss_again``), then hit in the CPU tier."""
     hit_seeds = list(seeds)
-    second_sight = mode.startswith("vlmcache") and args.admission_memory == "second_sight"
+    second_sight = _second_sight(mode, args)
     if second_sight:
         hit_seeds = [s + AGAIN_SEED_OFFSET for s in seeds]
         runner.generate(hit_seeds)
         runner.reset_gpu_cache(args.settle)
-        out["miss_again"] = runner.timed(hit_seeds)
+        timed("miss_again", hit_seeds)
     runner.reset_gpu_cache(args.settle)
-    with PhaseProfile(args, f"{mode}-cpu_hit"):
-        out["cpu_hit"] = runner.timed(hit_seeds)
+    timed("cpu_hit", hit_seeds)
     if second_sight:  # the batch's first computation was miss_batch
-        out["miss_again_batch"] = runner.batched(batch)
+        timed("miss_again_batch", batch, batched=True)
     runner.reset_gpu_cache(args.settle)
-    out["cpu_hit_batch"] = runner.batched(batch)
+    timed("cpu_hit_batch", batch, batched=True)
 
 
 def _mode(name: str) -> str:
@@ -329,7 +195,9 @@ def main(argv: Sequence[str] | None = None) -> None:
                         "and the benchmark's, is both)")
     parser.add_argument("--compile", action="store_true", help=argparse.SUPPRESS)  # the default
     parser.add_argument("--max-model-len", type=int, default=2048)
-    parser.add_argument("--modes", default=",".join(MODES))
+    parser.add_argument("--modes", default=",".join(MODES),
+                        help="comma-separated; modes joined by + run at once, taking turns "
+                        "request by request (vllm+vlmcache)")
     parser.add_argument("--mode-timeout", type=int, default=240)
     parser.add_argument("--flush-timeout", type=int, default=180,
                         help="seconds a finished mode's I/O process may take to write out")
@@ -340,6 +208,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--work", default="")
     parser.add_argument("--child", type=_mode, help=argparse.SUPPRESS)
     parser.add_argument("--child-out", help=argparse.SUPPRESS)
+    parser.add_argument("--turns", default="", help=argparse.SUPPRESS)
     parser.add_argument("--admission-memory", default=VlmCacheConfig().admission_memory,
                         choices=ADMISSIONS,
                         help="vlmcache's admission to vLLM's CPU region (vlmcache modes)")
@@ -349,7 +218,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     if args.merge:
         merge_files(args.merge, args.out)
         return
-    modes_asked = [_mode(m) for m in args.modes.split(",")]
+    groups = [[_mode(m) for m in group.split("+")] for group in args.modes.split(",")]
     if args.child:
         base = _child_args(args.child, args)
         Path(args.child_out).write_text(json.dumps(run_mode(base, args)))
@@ -364,9 +233,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     signal.signal(signal.SIGTERM, kill_running)
     signal.signal(signal.SIGINT, kill_running)
     modes: dict[str, Any] = {}
-    for mode in modes_asked:
-        modes[mode] = run_child(mode, args, forwarded)
-        print(mode, json.dumps(modes[mode])[-1500:], flush=True)
+    for group in groups:
+        for mode, result in run_group(group, args, forwarded).items():
+            modes[mode] = result
+            print(mode, json.dumps(result)[-1500:], flush=True)
         _write(args, argv, modes)  # a run cut short keeps what it measured
 
 

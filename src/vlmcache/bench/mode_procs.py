@@ -10,34 +10,87 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
 HASH_ENV = {"PYTHONHASHSEED": "0"}  # vLLM's block hashes reproducible across restarts
+#: what a mode's process runs (its mode and arguments follow)
+CHILD_CMD = (sys.executable, "-m", "vlmcache.bench.gpu_native_path")
 
 
-def run_child(mode: str, args: argparse.Namespace, forwarded: list[str]) -> dict[str, Any]:
+def run_group(modes: list[str], args: argparse.Namespace,
+              forwarded: list[str]) -> dict[str, dict[str, Any]]:
+    """Modes in processes of their own, at once; with more than one they take turns on the
+    GPU through a :class:`~vlmcache.bench.turns.TurnServer` and share its memory equally.
+    What is left of each (its I/O process writing out) is ended once all are done: an I/O
+    process looks like any other, and one mode's clean-up must not kill another's."""
+    server, extra = None, []
+    if len(modes) > 1:
+        from vlmcache.bench.turns import TurnServer
+
+        sock = Path(args.work) / f"turns-{os.getpid()}-{'+'.join(modes)}.sock"
+        sock.unlink(missing_ok=True)
+        server = TurnServer(str(sock), len(modes))
+        share = args.gpu_memory_utilization / len(modes)
+        extra = ["--turns", str(sock), "--gpu-memory-utilization", f"{share:.3f}"]
+    started = {m: _start(m, args, forwarded + extra) for m in modes}
+    logs: dict[str, str | None] = {}
+    threads = [threading.Thread(target=_wait, args=(m, p, args.mode_timeout, logs, server))
+               for m, (p, _, _) in started.items()]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    flushed = time.time()
+    for proc, _, _ in started.values():
+        _end_group(proc, args.flush_timeout)
+    if server is not None:
+        server.close()
+        sock.unlink(missing_ok=True)
+    results = {m: _result(m, started[m], logs[m], args, flushed) for m in modes}
+    if server is not None:
+        for r in results.values():
+            r["interleaved_with"] = [m for m in modes]
+            r["turns"] = server.turns
+    return results
+
+
+def _start(mode: str, args: argparse.Namespace,
+           forwarded: list[str]) -> tuple[subprocess.Popen[str], Path, float]:
     out = Path(args.work) / f"{mode}.json"
-    cmd = [sys.executable, "-m", "vlmcache.bench.gpu_native_path", "--child", mode,
-           "--child-out", str(out), *forwarded]
+    out.unlink(missing_ok=True)
+    cmd = [*CHILD_CMD, "--child", mode, "--child-out", str(out), *forwarded]
     env = {**os.environ, **HASH_ENV}
-    start = time.time()
     # its own session: a timed-out mode's engine processes (which hold the GPU) die with it
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env=env, start_new_session=True)
     _RUNNING.append(proc)
+    return proc, out, time.time()
+
+
+def _wait(mode: str, proc: subprocess.Popen[str], timeout: float,
+          logs: dict[str, str | None], server: Any) -> None:
     try:
-        log, _ = proc.communicate(timeout=args.mode_timeout)
+        logs[mode], _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        _end_group(proc, 0.0)
-        return {"error": f"timed out after {args.mode_timeout} s"}
+        _kill(proc.pid, os.killpg)
+        proc.communicate()
+        logs[mode] = None
     finally:
         _RUNNING.remove(proc)
-    flushed = time.time()
-    _end_group(proc, args.flush_timeout)
+        if server is not None:
+            server.ended(mode)
+
+
+def _result(mode: str, started: tuple[subprocess.Popen[str], Path, float], log: str | None,
+            args: argparse.Namespace, flushed: float) -> dict[str, Any]:
+    proc, out, start = started
+    if log is None:
+        return {"error": f"timed out after {args.mode_timeout} s"}
     if proc.returncode != 0 or not out.exists():
-        return {"error": f"exit {proc.returncode}", "log_tail": (log or "")[-3000:]}
+        return {"error": f"exit {proc.returncode}", "log_tail": log[-3000:]}
     result = json.loads(out.read_text())
     result["process_s"] = round(flushed - start, 1)
     result["flush_s"] = round(time.time() - flushed, 1)  # its I/O process writing out

@@ -12,6 +12,8 @@ from pathlib import Path
 from typing import Any
 
 PHASES = ("front_ms", "queue_ms", "engine_ms", "return_ms")
+#: vlmcache's own share of the front and return phases, where a benchmark measured it
+OURS = ("ours_front_ms", "ours_return_ms")
 
 
 def phases(out: Any, start: float, end: float) -> dict[str, float]:
@@ -32,7 +34,7 @@ def phase_medians(facts: list[dict[str, Any]]) -> dict[str, float]:
     if not timed:
         return {}
     return {f"{k[:-3]}_median_ms": round(statistics.median(f[k] for f in timed), 2)
-            for k in PHASES}
+            for k in PHASES + OURS if k in timed[0]}
 
 
 class PhaseProfile:

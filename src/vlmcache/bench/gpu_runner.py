@@ -1,0 +1,210 @@
+"""One engine of the GPU benchmark (:mod:`vlmcache.bench.gpu_native_path`) in this process:
+the benchmark's requests (~620-680-token image prompts, dummy weights), batch-1 and batched
+timing, and per request what was reused and where its time went."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+from vlmcache.bench.phase_timing import OURS, PHASES, phase_medians, phases
+from vlmcache.bench.turns import Turns
+
+QUESTION = ("Describe the scene in this picture in detail: the objects, their colours and "
+            "positions, and any text that can be read in it.")
+
+
+def _prompt(geometry: Path) -> tuple[str, int]:
+    """(prompt, image side in pixels) for the geometry's model family."""
+    cfg = json.loads((geometry / "config.json").read_text())
+    if cfg.get("model_type") == "qwen2_vl":
+        return ("<|im_start|>user\n<|vision_start|><|image_pad|><|vision_end|>"
+                f"{QUESTION}<|im_end|>\n<|im_start|>assistant\n", 672)
+    return f"USER: <image>\n{QUESTION} ASSISTANT:", 336
+
+
+def _image(seed: int, side: int) -> Any:
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    return Image.fromarray(rng.integers(0, 256, (side, side, 3), dtype=np.uint8))
+
+def _engine_args(args: argparse.Namespace) -> dict[str, Any]:
+    return {"load_format": "dummy", "enforce_eager": args.eager,
+            "gpu_memory_utilization": args.gpu_memory_utilization,
+            "max_model_len": args.max_model_len, "limit_mm_per_prompt": {"image": 1},
+            "seed": 0, "max_num_seqs": 64, "enable_prefix_caching": True,
+            "block_size": args.block_size,
+            "disable_log_stats": False}  # per-request engine timestamps (where time goes)
+
+
+def _vlmcache_llm(args: argparse.Namespace, engine_args: dict[str, Any]) -> Any:
+    from vlmcache.api import CachedLLM
+    from vlmcache.config import VlmCacheConfig
+
+    config = VlmCacheConfig(store_path=args.store, memory_budget=args.cpu_bytes,
+                            disk_budget=args.disk_bytes, enable_encoder_cache=False,
+                            enable_exact=False, log_requests=False,
+                            model_revision="dummy-weights", kv_io_threads=args.kv_io_threads,
+                            admission_memory=args.admission_memory)
+    return CachedLLM(args.geometry, config, engine_args=engine_args)
+
+
+def _native_llm(mode: str, args: argparse.Namespace, engine_args: dict[str, Any]) -> Any:
+    from vllm import LLM
+
+    if mode == "native_cpu":
+        engine_args["kv_offloading_size"] = args.cpu_bytes / 1024**3
+    elif mode.startswith("native_tiering"):
+        from vllm.config import KVTransferConfig
+
+        tiers = ([] if mode == "native_tiering_cpu" else
+                 [{"type": "fs", "root_dir": args.store + "-fs"}])
+        extra = {"spec_name": "TieringOffloadingSpec", "cpu_bytes_to_use": args.cpu_bytes,
+                 "secondary_tiers": tiers}
+        engine_args["kv_transfer_config"] = KVTransferConfig(
+            kv_connector="OffloadingConnector", kv_role="kv_both",
+            kv_connector_extra_config=extra)
+        engine_args["prefix_caching_hash_algo"] = "sha256_cbor"
+    return LLM(model=args.geometry, **engine_args)
+
+
+class _SpanTimed:
+    """``vllm.LLM`` with the start and end of its last ``generate`` call noted in ``span``."""
+
+    def __init__(self, llm: Any, span: list[float]) -> None:
+        self._llm, self._span = llm, span
+
+    def generate(self, *args: Any, **kwargs: Any) -> Any:
+        self._span[0] = time.perf_counter()
+        try:
+            return self._llm.generate(*args, **kwargs)
+        finally:
+            self._span[1] = time.perf_counter()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._llm, name)
+
+
+class Runner:
+    """One engine in this process."""
+
+    def __init__(self, mode: str, args: argparse.Namespace, turns: Turns) -> None:
+        from vllm import SamplingParams
+
+        self.turns = turns
+        self.prompt, self.side = _prompt(Path(args.geometry))
+        self.store, self.block_size = args.store, args.block_size
+        self.params = SamplingParams(temperature=0.0, max_tokens=1)
+        self.params2 = SamplingParams(temperature=0.0, max_tokens=2)
+        engine_args = _engine_args(args)
+        with turns.turn():  # engines sharing the GPU size their KV caches one at a time
+            self.cached = (_vlmcache_llm(args, engine_args) if mode.startswith("vlmcache")
+                           else None)
+            self.llm = self.cached.llm if self.cached else _native_llm(mode, args, engine_args)
+        if self.cached is not None:  # the geometries carry no tokenizer_config to read it from
+            self.cached.image_placeholder = ("<|image_pad|>" if "<|image_pad|>" in self.prompt
+                                             else "<image>")
+            self._engine_span = [0.0, 0.0]
+            self.cached.llm = _SpanTimed(self.cached.llm, self._engine_span)
+
+    def generate(self, seeds: Sequence[int], params: Any = None) -> list[dict[str, Any]]:
+        """One ``generate`` call; per request: prompt tokens, loaded, from prefix cache, where
+        its time went, and the call's wall time (``wall_s``: the call alone, not making the
+        images nor the benchmark's own look at the store)."""
+        images = [_image(s, self.side) for s in seeds]
+        with self.turns.turn():
+            return self._generate(images, params or self.params)
+
+    def _generate(self, images: list[Any], params: Any) -> list[dict[str, Any]]:
+        start = time.perf_counter()
+        if self.cached is not None:
+            from vlmcache.api import VlmRequest
+
+            outs = self.cached.generate([VlmRequest(self.prompt, (im,)) for im in images],
+                                        params)
+            end = time.perf_counter()
+            # vlmcache's own share of the front and return phases (the rest is vLLM's)
+            ours = {"ours_front_ms": (self._engine_span[0] - start) * 1e3,
+                    "ours_return_ms": (end - self._engine_span[1]) * 1e3}
+            return [{"wall_s": end - start, **ours,
+                     "prompt": o.report.prompt_tokens, "loaded": o.report.tokens_loaded,
+                     "prefix": o.report.tokens_from_prefix_cache,
+                     "stored": self._stored_tokens(o.report.chunk_keys),
+                     "choice": o.report.kv_cost_choice, "reason": o.report.kv_cost_reason,
+                     **phases(o.output, start, end)} for o in outs]
+        prompts = [{"prompt": self.prompt, "multi_modal_data": {"image": im}} for im in images]
+        outs = self.llm.generate(prompts, params, use_tqdm=False)
+        end = time.perf_counter()
+        # vLLM reports one number for its prefix cache plus what a connector loaded
+        return [{"wall_s": end - start,
+                 "prompt": len(o.prompt_token_ids or ()), "cached": o.num_cached_tokens or 0,
+                 **phases(o, start, end)} for o in outs]
+
+    def _stored_tokens(self, chunk_keys: Sequence[str]) -> int:
+        """Tokens of the request's leading chunks found in the persistent store's files."""
+        from vlmcache.store.chunkfile import SUFFIX
+
+        root = Path(self.store) / "kv" / "chunks"
+        stored = 0
+        for key in chunk_keys:
+            if not (root / key[:2] / f"{key}{SUFFIX}").exists():
+                break
+            stored += 1
+        return stored * self.block_size
+
+    def timed(self, seeds: Sequence[int]) -> dict[str, Any]:
+        """Batch 1: each request alone; median latency and what was reused."""
+        ms, facts = [], []
+        for s in seeds:
+            facts += self.generate([s])
+            ms.append(facts[-1]["wall_s"] * 1e3)
+        return {"median_ms": round(statistics.median(ms), 2), "min_ms": round(min(ms), 2),
+                "all_ms": [round(m, 2) for m in ms], **_token_summary(facts),
+                "phases_ms": [{k: round(f[k], 2) for k in PHASES + OURS if k in f}
+                              for f in facts]}
+
+    def batched(self, seeds: Sequence[int]) -> dict[str, Any]:
+        facts = self.generate(seeds)
+        wall = facts[0]["wall_s"]
+        tokens = sum(f["prompt"] for f in facts)
+        return {"batch": len(seeds), "wall_ms": round(wall * 1e3, 1),
+                "prompt_tok_s": round(tokens / wall), **_token_summary(facts)}
+
+    def reset_gpu_cache(self, settle_s: float) -> None:
+        time.sleep(settle_s)  # asynchronous stores land first
+        with self.turns.turn():
+            if not self.llm.reset_prefix_cache():
+                raise RuntimeError("vLLM refused to reset its prefix cache")
+
+    def close(self) -> None:
+        if self.cached is not None:
+            with self.turns.turn():
+                self.cached.close()
+
+
+def _token_summary(facts: list[dict[str, Any]]) -> dict[str, Any]:
+    """Median tokens per request: prompt, loaded, from prefix cache, computed; and the
+    median time per phase."""
+    def med(fn: Any) -> float:
+        return statistics.median(fn(f) for f in facts)
+
+    if "cached" in facts[0]:  # plain vLLM: loaded and prefix-cached are one number
+        out = {"prompt_tokens": med(lambda f: f["prompt"]),
+               "tokens_cached": med(lambda f: f["cached"]),
+               "tokens_computed": med(lambda f: f["prompt"] - f["cached"])}
+        return {**out, **phase_medians(facts)}
+    choices = sorted({str(f["choice"]) for f in facts if f["choice"]})
+    return {"prompt_tokens": med(lambda f: f["prompt"]),
+            "tokens_loaded": med(lambda f: f["loaded"]),
+            "tokens_from_prefix_cache": med(lambda f: f["prefix"]),
+            "tokens_computed": med(lambda f: f["prompt"] - f["loaded"] - f["prefix"]),
+            "tokens_stored": med(lambda f: f["stored"]),
+            "cost_model_choices": choices,
+            "cost_model_reason": next((f["reason"] for f in facts if f["reason"]), None),
+            **phase_medians(facts)}

@@ -1,0 +1,33 @@
+"""The GPU benchmark's per-engine helpers that need no engine."""
+
+import time
+
+from vlmcache.bench.gpu_runner import _SpanTimed, _token_summary
+
+
+class _LLM:
+    name = "fake"
+
+    def generate(self, prompts, params, use_tqdm=False):
+        time.sleep(0.01)
+        return ["out"]
+
+
+def test_span_timed_notes_the_engine_call_and_passes_everything_through():
+    span = [0.0, 0.0]
+    llm = _SpanTimed(_LLM(), span)
+    before = time.perf_counter()
+    assert llm.generate(["p"], None, use_tqdm=False) == ["out"]
+    after = time.perf_counter()
+    assert before <= span[0] < span[1] <= after and span[1] - span[0] >= 0.01
+    assert llm.name == "fake"
+
+
+def test_token_summary_reports_vlmcache_share_of_front_and_return():
+    facts = [{"prompt": 680, "loaded": 672, "prefix": 0, "stored": 0, "choice": None,
+              "reason": None, "front_ms": 5.0, "queue_ms": 14.0, "engine_ms": 20.0,
+              "return_ms": 1.7, "ours_front_ms": 0.4, "ours_return_ms": 0.2}]
+    s = _token_summary(facts)
+    assert s["tokens_computed"] == 8
+    assert s["ours_front_median_ms"] == 0.4 and s["ours_return_median_ms"] == 0.2
+    assert s["front_median_ms"] == 5.0

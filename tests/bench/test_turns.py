@@ -1,0 +1,112 @@
+"""Turn taking between engine processes sharing one GPU (no GPU: threads as children)."""
+
+import threading
+import time
+
+from vlmcache.bench.turns import TurnServer, Turns
+
+
+def _server(tmp_path, expected=2):
+    return TurnServer(str(tmp_path / "t.sock"), expected)
+
+
+def test_turns_never_overlap_and_alternate_between_children(tmp_path, monkeypatch):
+    monkeypatch.setattr("vlmcache.bench.turns.TURN_GAP_S", 0.0)
+    server = _server(tmp_path)
+    log, inside, overlaps = [], [0], []
+
+    def child(name):
+        turns = Turns(server_path, name, ["miss"])
+        for _ in range(6):
+            with turns.turn():
+                inside[0] += 1
+                if inside[0] > 1:
+                    overlaps.append(name)
+                log.append(name)
+                time.sleep(0.005)
+                inside[0] -= 1
+        turns.close()
+
+    server_path = str(tmp_path / "t.sock")
+    threads = [threading.Thread(target=child, args=(n,)) for n in "ab"]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    server.close()
+    assert not overlaps
+    assert sorted(log) == ["a"] * 6 + ["b"] * 6
+    # while both want turns, they alternate (a child re-asks after its turn; the other
+    # is already waiting)
+    switches = sum(1 for x, y in zip(log, log[1:]) if x != y)
+    assert switches >= 8, log
+    assert server.turns == 12
+
+
+def test_a_phase_waits_for_the_other_child_to_reach_it(tmp_path):
+    server = _server(tmp_path, expected=3)
+    path = str(tmp_path / "t.sock")
+    a = Turns(path, "a", ["miss", "cpu_hit"])
+    b = Turns(path, "b", ["miss", "cpu_hit"])
+    c = Turns(path, "c", ["restart_hit"])  # shares no phase: never waited for
+    reached = []
+    t = threading.Thread(target=lambda: (a.phase("cpu_hit"), reached.append("a")))
+    t.start()
+    time.sleep(0.2)
+    assert reached == []  # b has a cpu_hit phase it has not reached
+    b.phase("miss")
+    time.sleep(0.1)
+    assert reached == []
+    b.phase("cpu_hit")
+    t.join(timeout=10)
+    assert reached == ["a"]
+    c.phase("restart_hit")  # returns at once
+    for x in (a, b, c):
+        x.close()
+    server.close()
+
+
+def test_a_child_that_ends_releases_the_others(tmp_path):
+    server = _server(tmp_path)
+    path = str(tmp_path / "t.sock")
+    a = Turns(path, "a", ["miss", "cpu_hit"])
+    b = Turns(path, "b", ["miss", "cpu_hit"])
+    done = []
+    t = threading.Thread(target=lambda: (a.phase("cpu_hit"), done.append(1)))
+    t.start()
+    time.sleep(0.2)
+    assert not done
+    b.close()  # a crashed or finished mode
+    t.join(timeout=10)
+    assert done == [1]
+    a.close()
+    server.close()
+
+
+def test_a_child_that_never_connects_holds_no_one_back_past_the_wait(tmp_path):
+    server = TurnServer(str(tmp_path / "t.sock"), 2, wait_s=0.3)
+    a = Turns(str(tmp_path / "t.sock"), "a", ["miss"])
+    start = time.monotonic()
+    with a.turn():
+        pass
+    assert 0.2 < time.monotonic() - start < 5
+    a.close()
+    server.close()
+
+
+def test_without_a_server_turns_are_free():
+    turns = Turns("", "solo", ["miss"])
+    turns.phase("miss")
+    with turns.turn():
+        pass
+    turns.close()
+
+
+def test_session_cpu_counts_this_process():
+    from vlmcache.bench.turns import session_cpu_s
+
+    before = session_cpu_s()
+    deadline = time.process_time() + 0.3
+    while time.process_time() < deadline:
+        pass
+    assert session_cpu_s() - before >= 0.2
