@@ -128,3 +128,16 @@ def test_capture_at_first_sight_times_cpu_hits_after_one_reset(monkeypatch):
                       "cpu_hit_batch"]
     assert calls == ["timed", "timed", "timed", "batched", "reset", "timed", "reset",
                      "batched"]
+
+
+def test_groups_run_at_once_but_a_restart_comes_after_its_capture():
+    import pytest
+
+    from vlmcache.bench.gpu_native_path import _groups
+
+    assert _groups("vllm+vlmcache,native_cpu,vlmcache_restart+native_tiering_restart") == [
+        ["vllm", "vlmcache"], ["native_cpu"], ["vlmcache_restart", "native_tiering_restart"]]
+    with pytest.raises(SystemExit, match="reads what vlmcache stores"):
+        _groups("vlmcache+vlmcache_restart")
+    with pytest.raises(SystemExit, match="named twice"):
+        _groups("vllm+vlmcache,vllm")

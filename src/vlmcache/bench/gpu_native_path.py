@@ -45,8 +45,8 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from vlmcache.bench.gpu_native_summary import BASELINES, merge_files, merge_shape
-from vlmcache.bench.mode_procs import kill_running, run_group
 from vlmcache.bench.gpu_runner import Runner
+from vlmcache.bench.mode_procs import kill_running, run_group
 from vlmcache.bench.phase_timing import PhaseProfile
 from vlmcache.bench.turns import Turns, session_cpu_s
 from vlmcache.config import VlmCacheConfig
@@ -98,8 +98,11 @@ def run_mode(mode: str, args: argparse.Namespace) -> dict[str, Any]:
 
     def timed(name: str, seed_list: Sequence[int], batched: bool = False) -> None:
         turns.phase(name)
-        with PhaseProfile(args, f"{mode}-{name}"):
-            out[name] = runner.batched(seed_list) if batched else runner.timed(seed_list)
+        if batched:
+            out[name] = runner.batched(seed_list)
+            return
+        with PhaseProfile(args, f"{mode}-{name}"):  # the batch-1 phases are profiled
+            out[name] = runner.timed(seed_list)
 
     try:
         runner.batched([s + 50_000 for s in batch])  # warms the batched shapes
@@ -166,6 +169,22 @@ def _mode(name: str) -> str:
     return name
 
 
+def _groups(modes: str) -> list[list[str]]:
+    """``--modes``: groups in order, a group's modes at once. A mode runs once; a restart
+    reads what its capture mode stored, so it runs in a later group."""
+    groups = [[_mode(m) for m in group.split("+")] for group in modes.split(",")]
+    names = [m for g in groups for m in g]
+    if len(set(names)) < len(names):
+        raise SystemExit(f"--modes {modes!r}: a mode is named twice")
+    for g in groups:
+        for m in g:
+            capture = m.replace("_restart", "")
+            if m != capture and capture in g:
+                raise SystemExit(f"--modes {modes!r}: {m} reads what {capture} stores; "
+                                 "run it in a later group (after a comma)")
+    return groups
+
+
 def _child_args(name: str, args: argparse.Namespace) -> str:
     """The base mode a child runs; a variant's admission and a repeat's store set in
     ``args`` (a restart mode shares its capture mode's store: same admission and repeat)."""
@@ -218,7 +237,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     if args.merge:
         merge_files(args.merge, args.out)
         return
-    groups = [[_mode(m) for m in group.split("+")] for group in args.modes.split(",")]
+    groups = _groups(args.modes)
     if args.child:
         base = _child_args(args.child, args)
         Path(args.child_out).write_text(json.dumps(run_mode(base, args)))
