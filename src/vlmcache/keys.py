@@ -147,9 +147,9 @@ def encoder_output_key(namespace_digest: str, identifier: str) -> str:
 def image_content_hash(image: object) -> str:
     """BLAKE3 of a PIL image's mode, size and pixels (format and metadata do not count).
 
-    It runs in every request's front, over every pixel: BLAKE3 hashes a 672 px RGB image
-    (1.35 MB) in 0.26 ms where SHA-256 took 0.83 ms (2-core CPU); vLLM hashes images with it
-    too when given no identity."""
+    It runs in every request's front, over every pixel: for a 672 px RGB image (1.35 MB)
+    0.40 ms where SHA-256 took 0.93 ms (2-core CPU, ``benchmarks/results/image-hash.json``);
+    vLLM hashes images with BLAKE3 too when given no identity."""
     from blake3 import blake3
     from PIL import Image
 
