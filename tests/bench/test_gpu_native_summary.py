@@ -135,3 +135,35 @@ def test_a_capturing_first_gpu_hit_is_judged_apart_from_later_ones():
     s = shape_summary(modes, block_size=16)
     assert s["targets"]["gpu_hit_le_1.05x_vllm_gpu_hit"] is False
     assert s["targets"]["gpu_hit_again_le_1.05x_vllm"] is True
+
+
+def test_each_target_uses_the_runs_that_took_turns_with_its_peer():
+    modes = _modes()
+    group_a, group_b = ["vllm", "vlmcache", "native_cpu"], ["vlmcache_restart", "vllm_repeat"]
+    for m in group_a:
+        modes[m]["interleaved_with"] = group_a
+    modes["vllm"]["miss"] = {"median_ms": 60.0, "all_ms": [60.0, 60.0, 60.0]}
+    modes["vlmcache"]["miss"] = {"median_ms": 62.0, "all_ms": [62.0, 63.0, 61.0]}
+    modes["vlmcache_restart"]["interleaved_with"] = group_b
+    modes["vllm_repeat"] = {"miss": {"median_ms": 28.0, "all_ms": [28.0, 28.0, 29.0]},
+                            "miss_batch": {"prompt_tok_s": 1000},
+                            "interleaved_with": group_b}
+    s = shape_summary(modes, 16)
+    # the miss against the vllm run beside it, the restart against the vllm_repeat beside it
+    assert s["recompute_ms"] == 60.0 and s["restart_recompute_ms"] == 28.0
+    assert s["miss_batch_tput_ratio"] == round(19500 / 20000, 3)
+    assert s["targets"]["miss_le_1.05x_recompute"] is True
+    assert s["targets"]["restart_le_1.05x_recompute"] is False  # 30 > 1.05 * 28
+    assert s["runs_ms"]["recompute_ms"] == [60.0, 28.0]  # every run still listed
+
+
+def test_paired_ratios_are_per_request_medians_of_runs_that_took_turns():
+    modes = _modes()
+    for m in ("vllm", "vlmcache"):
+        modes[m]["interleaved_with"] = ["vllm", "vlmcache"]
+    modes["vllm"]["gpu_hit"] = {"median_ms": 20.0, "all_ms": [20.0, 10.0, 40.0]}
+    modes["vlmcache"]["gpu_hit"] = {"median_ms": 21.0, "all_ms": [21.0, 11.0, 30.0]}
+    ratios = shape_summary(modes, 16)["paired_ratio_medians"]
+    assert ratios["gpu_hit"] == 1.05  # 1.05, 1.1, 0.75
+    assert ratios["miss"] is None  # no per-request latencies
+    assert ratios["restart_vs_native_fs"] is None  # no native fs restart ran
