@@ -1,60 +1,70 @@
 #!/usr/bin/env bash
-# The whole GPU KV-path benchmark on a lent two-GPU machine: both shapes at once, one per GPU
-# (one shape per GPU when there are two, else one after the other), in the background, so
-# that no device call's 10-minute limit cuts a run of ~15 minutes. vLLM 0.26 staged in
-# /root/site by ../shared/gpu/stage-vllm.sh.
-#   bash scripts/gpu_session.sh start      # returns at once; the run goes on under setsid
-#   bash scripts/gpu_session.sh wait 540   # up to 540 s; copies results and logs to $OUT
-# Modes (gpu_native_path.py's --modes; + = at once, taking turns request by request):
-# every target's two sides take turns: plain vLLM, vlmcache and vLLM's native CPU offload;
-# then vLLM's native tiering alone (its capture); then both restarts beside plain vLLM again
-# (the recompute a restart is judged against).
+# The GPU KV-path benchmark on a lent GPU machine, in the background, so that no device
+# call's 10-minute limit cuts a run: vLLM 0.26 staged in /root/site by
+# ../shared/gpu/stage-vllm.sh.
+#   bash scripts/gpu_session.sh start JOB [JOB ...]   # returns at once (setsid)
+#   bash scripts/gpu_session.sh wait 540              # up to 540 s; results and logs -> $OUT
+# JOB = SHAPE:N:MODES[:profile] (gpu_native_path.py's --modes: + = at once, taking turns
+# request by request; N batch-1 requests per phase, or BIG/SMALL: SMALL on an 80 GB card,
+# where three LLaVA engines hold ~17k tokens of KV each, fewer than 24 prompts (each GPU hit
+# must find all of a phase's prompts); profile = py-spy stacks of the batch-1
+# phases, from the wheel in .gpu/tools). Jobs run one after the other on GPU 0; with
+# PARALLEL=1 and two GPUs, jobs alternate between GPU 0 and GPU 1, each GPU's in order (the
+# two shapes at once: half the wall time, but host contention between them spread the
+# latencies of 2026-11-26's first run).
+# The full set of one shape, every target's two sides taking turns:
+#   llava7b:24:vllm+vlmcache+native_cpu,native_tiering,native_tiering_restart+vlmcache_restart+vllm_repeat
 set -uo pipefail
-MODES=${MODES:-vllm+vlmcache+native_cpu,native_tiering,native_tiering_restart+vlmcache_restart+vllm_repeat}
 code=/root/bench-code
+run_job() {  # index job gpu
+  local shape n modes prof out
+  IFS=: read -r shape n modes prof <<< "$2"
+  local mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1)
+  if [ "$mib" -ge 100000 ]; then n=${n%/*}; else n=${n#*/}; fi
+  out=/root/out-$1-$shape
+  mkdir -p "$out"
+  (cd "$code" && OUT=$out CUDA_VISIBLE_DEVICES=$3 PROFILE=$([ "$prof" = profile ] && echo 1 || echo 0) \
+    bash scripts/gpu_bench.sh "$shape" --n "$n" --modes "$modes" --mode-timeout 1500 \
+    --gpu-memory-utilization 0.9 --work /root/work-$1-$shape > "$out/stdout.txt" 2>&1
+   echo $? > "$out/rc")
+}
 case "${1:-}" in
   start)
-    rm -rf "$code" /root/out-* && mkdir -p "$code"
+    shift
+    rm -rf "$code" /root/out-* /root/jobs-* && mkdir -p "$code"
     cp -r src benchmarks scripts "$code"/  # the run reads this copy: later calls resend the tree
+    ls .gpu/tools/py_spy*.whl >/dev/null 2>&1 && pip install -q --no-index .gpu/tools/py_spy*.whl
     ngpu=$(nvidia-smi -L | wc -l)
-    gib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1)
-    # three LLaVA engines share a GPU: on an 80 GB card each holds ~17k tokens of KV, so a
-    # phase's prompts (each GPU hit finds all of them) are 16 there, 24 on a larger card
-    llava_n=$([ "$gib" -ge 100000 ] && echo 24 || echo 16)
     nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader
-    df -h /root /dev/shm | tail -2
-    run() {  # shape gpu n
-      mkdir -p /root/out-$1
-      (cd "$code" && OUT=/root/out-$1 CUDA_VISIBLE_DEVICES=$2 bash scripts/gpu_bench.sh "$1" \
-        --n "$3" --modes "$MODES" --mode-timeout 1500 --gpu-memory-utilization 0.9 "${@:4}" \
-        > /root/out-$1/stdout.txt 2>&1; echo $? > /root/out-$1/rc)
-    }
-    if [ "$ngpu" -ge 2 ]; then
-      setsid bash -c "$(declare -f run); MODES='$MODES' code=$code; run llava7b 0 $llava_n" \
+    lanes=$([ "${PARALLEL:-0}" = 1 ] && [ "$ngpu" -ge 2 ] && echo 2 || echo 1)
+    for lane in $(seq 0 $((lanes - 1))); do
+      cmds="" i=0
+      for job in "$@"; do
+        [ $((i % lanes)) = "$lane" ] && cmds+="run_job $i '$job' $lane; "
+        i=$((i + 1))
+      done
+      setsid bash -c "$(declare -f run_job); code=$code; $cmds touch /root/jobs-done-$lane" \
         < /dev/null > /dev/null 2>&1 &
-      setsid bash -c "$(declare -f run); MODES='$MODES' code=$code; run qwen2vl7b 1 24" \
-        < /dev/null > /dev/null 2>&1 &
-    else
-      setsid bash -c "$(declare -f run); MODES='$MODES' code=$code; run llava7b 0 $llava_n; \
-        run qwen2vl7b 0 24" < /dev/null > /dev/null 2>&1 &
-    fi
-    sleep 5; echo "started: $ngpu GPU(s), llava n=$llava_n, modes $MODES"
+    done
+    echo "$lanes" > /root/jobs-lanes
+    sleep 5; echo "started $# job(s) on $lanes lane(s) of $ngpu GPU(s)"
     ;;
   wait)
     deadline=$((SECONDS + ${2:-540}))
-    while [ $SECONDS -lt $deadline ]; do
-      [ -f /root/out-llava7b/rc ] && [ -f /root/out-qwen2vl7b/rc ] && break
+    lanes=$(cat /root/jobs-lanes)
+    while [ $SECONDS -lt $deadline ] && [ "$(ls /root/jobs-done-* 2>/dev/null | wc -l)" -lt "$lanes" ]; do
       sleep 10
     done
     for d in /root/out-*; do
       s=${d#/root/out-}
       echo "== $s rc=$(cat $d/rc 2>/dev/null || echo running)"
-      grep -E "^(vllm|vlmcache|native)" "$d/stdout.txt" | cut -c1-300
-      tail -n 3 "$d/stdout.txt"
+      grep -E "^(vllm|vlmcache|native)" "$d/stdout.txt" | cut -c1-200
+      tail -n 2 "$d/stdout.txt" | cut -c1-300
       cp "$d/gpu-native-path.json" "${OUT:-/tmp}/gpu-native-path-$s.json" 2>/dev/null
       cp "$d/stdout.txt" "${OUT:-/tmp}/log-$s.txt" 2>/dev/null
+      cp "$d"/prof-*.tgz "${OUT:-/tmp}/" 2>/dev/null
     done
     nvidia-smi --query-gpu=memory.used --format=csv,noheader
     ;;
-  *) echo "usage: $0 start | wait SECONDS"; exit 2 ;;
+  *) echo "usage: $0 start JOB [JOB ...] | wait SECONDS"; exit 2 ;;
 esac
