@@ -157,13 +157,14 @@ def test_each_target_uses_the_runs_that_took_turns_with_its_peer():
     assert s["runs_ms"]["recompute_ms"] == [60.0, 28.0]  # every run still listed
 
 
-def test_paired_ratios_are_per_request_medians_of_runs_that_took_turns():
+def test_paired_ratios_are_per_request_ratios_of_runs_that_took_turns():
     modes = _modes()
     for m in ("vllm", "vlmcache"):
         modes[m]["interleaved_with"] = ["vllm", "vlmcache"]
     modes["vllm"]["gpu_hit"] = {"median_ms": 20.0, "all_ms": [20.0, 10.0, 40.0]}
     modes["vlmcache"]["gpu_hit"] = {"median_ms": 21.0, "all_ms": [21.0, 11.0, 30.0]}
-    ratios = shape_summary(modes, 16)["paired_ratio_medians"]
-    assert ratios["gpu_hit"] == 1.05  # 1.05, 1.1, 0.75
+    ratios = shape_summary(modes, 16)["paired_ratios"]
+    assert ratios["gpu_hit"]["median"] == 1.05  # 1.05, 1.1, 0.75
+    assert ratios["gpu_hit"]["geomean"] == round((1.05 * 1.1 * 0.75) ** (1 / 3), 3)
     assert ratios["miss"] is None  # no per-request latencies
     assert ratios["restart_vs_native_fs"] is None  # no native fs restart ran
