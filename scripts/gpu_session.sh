@@ -4,6 +4,7 @@
 # ../shared/gpu/stage-vllm.sh.
 #   bash scripts/gpu_session.sh start JOB [JOB ...]   # returns at once (setsid)
 #   bash scripts/gpu_session.sh wait 540              # up to 540 s; results and logs -> $OUT
+# PIN=1: each mode taking turns runs on cores of its own (--pin-cpus).
 # JOB = SHAPE:N:MODES[:profile] (gpu_native_path.py's --modes: + = at once, taking turns
 # request by request; N batch-1 requests per phase, or BIG/SMALL: SMALL on an 80 GB card,
 # where three LLaVA engines hold ~17k tokens of KV each, fewer than 24 prompts (each GPU hit
@@ -25,7 +26,8 @@ run_job() {  # index job gpu
   mkdir -p "$out"
   (cd "$code" && OUT=$out CUDA_VISIBLE_DEVICES=$3 PROFILE=$([ "$prof" = profile ] && echo 1 || echo 0) \
     bash scripts/gpu_bench.sh "$shape" --n "$n" --modes "$modes" --mode-timeout 1500 \
-    --gpu-memory-utilization 0.9 --work /root/work-$1-$shape > "$out/stdout.txt" 2>&1
+    --gpu-memory-utilization 0.9 --work /root/work-$1-$shape ${PIN:+--pin-cpus} \
+    > "$out/stdout.txt" 2>&1
    echo $? > "$out/rc")
 }
 case "${1:-}" in
@@ -43,7 +45,7 @@ case "${1:-}" in
         [ $((i % lanes)) = "$lane" ] && cmds+="run_job $i '$job' $lane; "
         i=$((i + 1))
       done
-      setsid bash -c "$(declare -f run_job); code=$code; $cmds touch /root/jobs-done-$lane" \
+      setsid bash -c "$(declare -f run_job); code=$code PIN=${PIN:-}; $cmds touch /root/jobs-done-$lane" \
         < /dev/null > /dev/null 2>&1 &
     done
     echo "$lanes" > /root/jobs-lanes

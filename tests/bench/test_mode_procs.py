@@ -58,7 +58,7 @@ def test_a_group_runs_its_modes_at_once_taking_turns(tmp_path, monkeypatch):
 
     monkeypatch.setattr(mode_procs, "CHILD_CMD", (sys.executable, "-c", _FAKE_MODE))
     args = argparse.Namespace(work=str(tmp_path), mode_timeout=60, flush_timeout=0.0,
-                              gpu_memory_utilization=0.9)
+                              gpu_memory_utilization=0.9, pin_cpus=False)
     results = mode_procs.run_group(["vllm", "vlmcache"], args, [])
     assert set(results) == {"vllm", "vlmcache"}
     spans = sorted((s[0], s[1], m) for m, r in results.items() for s in r["spans"])
@@ -76,7 +76,7 @@ def test_a_mode_alone_gets_no_turn_server(tmp_path, monkeypatch):
               "json.dump({'argv': a}, open(a[a.index('--child-out') + 1], 'w'))")
     monkeypatch.setattr(mode_procs, "CHILD_CMD", (sys.executable, "-c", script))
     args = argparse.Namespace(work=str(tmp_path), mode_timeout=60, flush_timeout=0.0,
-                              gpu_memory_utilization=0.9)
+                              gpu_memory_utilization=0.9, pin_cpus=False)
     result = mode_procs.run_group(["vllm"], args, ["--n", "3"])["vllm"]
     assert "--turns" not in result["argv"] and "interleaved_with" not in result
     assert result["argv"][-2:] == ["--n", "3"]
@@ -90,9 +90,27 @@ def test_a_mode_that_dies_at_start_up_holds_the_other_back_no_longer(tmp_path, m
               "    sys.exit(3)  # before its hello, as an engine that fails to start\n" + _FAKE_MODE)
     monkeypatch.setattr(mode_procs, "CHILD_CMD", (sys.executable, "-c", script))
     args = argparse.Namespace(work=str(tmp_path), mode_timeout=60, flush_timeout=0.0,
-                              gpu_memory_utilization=0.9)
+                              gpu_memory_utilization=0.9, pin_cpus=False)
     start = time.monotonic()
     results = mode_procs.run_group(["vllm", "vlmcache"], args, [])
     assert time.monotonic() - start < 30
     assert results["vllm"]["error"] == "exit 3"
     assert len(results["vlmcache"]["spans"]) == 5
+
+
+def test_pinned_modes_run_on_disjoint_cores(tmp_path, monkeypatch):
+    import argparse
+    import os
+
+    script = ("import json, os, sys; a = sys.argv[1:]; "
+              "json.dump({'cpus': sorted(os.sched_getaffinity(0))}, "
+              "open(a[a.index('--child-out') + 1], 'w'))")
+    monkeypatch.setattr(mode_procs, "CHILD_CMD", (sys.executable, "-c", script))
+    args = argparse.Namespace(work=str(tmp_path), mode_timeout=60, flush_timeout=0.0,
+                              gpu_memory_utilization=0.9, pin_cpus=True)
+    results = mode_procs.run_group(["vllm", "vlmcache"], args, [])
+    ours, theirs = set(results["vlmcache"]["cpus"]), set(results["vllm"]["cpus"])
+    assert ours and theirs and not ours & theirs
+    assert ours | theirs <= os.sched_getaffinity(0)
+    assert mode_procs.cpu_slices(len(os.sched_getaffinity(0)) + 1) == [None] * (
+        len(os.sched_getaffinity(0)) + 1)  # too few cores: not pinned

@@ -218,6 +218,8 @@ def main(argv: Sequence[str] | None = None) -> None:
                         help="comma-separated; modes joined by + run at once, taking turns "
                         "request by request (vllm+vlmcache)")
     parser.add_argument("--mode-timeout", type=int, default=240)
+    parser.add_argument("--pin-cpus", action="store_true",
+                        help="modes taking turns run on disjoint sets of this machine's cores")
     parser.add_argument("--flush-timeout", type=int, default=180,
                         help="seconds a finished mode's I/O process may take to write out")
     parser.add_argument("--out", default="benchmarks/results/gpu-native-path.json")

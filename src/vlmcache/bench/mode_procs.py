@@ -35,7 +35,8 @@ def run_group(modes: list[str], args: argparse.Namespace,
         server = TurnServer(str(sock), len(modes))
         share = args.gpu_memory_utilization / len(modes)
         extra = ["--turns", str(sock), "--gpu-memory-utilization", f"{share:.3f}"]
-    started = {m: _start(m, args, forwarded + extra) for m in modes}
+    cores = cpu_slices(len(modes)) if args.pin_cpus else [None] * len(modes)
+    started = {m: _start(m, args, forwarded + extra, c) for m, c in zip(modes, cores)}
     logs: dict[str, str | None] = {}
     threads = [threading.Thread(target=_wait, args=(m, p, args.mode_timeout, logs, server))
                for m, (p, _, _) in started.items()]
@@ -57,15 +58,27 @@ def run_group(modes: list[str], args: argparse.Namespace,
     return results
 
 
-def _start(mode: str, args: argparse.Namespace,
-           forwarded: list[str]) -> tuple[subprocess.Popen[str], Path, float]:
+def cpu_slices(n: int) -> list[set[int] | None]:
+    """``n`` disjoint sets of this process's CPUs, one per mode taking turns (``--pin-cpus``):
+    each mode's processes (its engine's, its I/O process) then run on cores of their own.
+    ``None`` for every mode when there are fewer CPUs than modes."""
+    cpus = sorted(os.sched_getaffinity(0))
+    size = len(cpus) // n
+    if size == 0:
+        return [None] * n
+    return [set(cpus[i * size:(i + 1) * size]) for i in range(n)]
+
+
+def _start(mode: str, args: argparse.Namespace, forwarded: list[str],
+           cpus: set[int] | None = None) -> tuple[subprocess.Popen[str], Path, float]:
     out = Path(args.work) / f"{mode}.json"
     out.unlink(missing_ok=True)
     cmd = [*CHILD_CMD, "--child", mode, "--child-out", str(out), *forwarded]
     env = {**os.environ, **HASH_ENV}
+    pin = (lambda: os.sched_setaffinity(0, cpus)) if cpus else None
     # its own session: a timed-out mode's engine processes (which hold the GPU) die with it
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env=env, start_new_session=True)
+                            env=env, start_new_session=True, preexec_fn=pin)
     _RUNNING.append(proc)
     return proc, out, time.time()
 
