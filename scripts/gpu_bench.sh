@@ -3,6 +3,7 @@
 # by ../shared/gpu/stage-vllm.sh; see ENVIRONMENT.md). One shape per call (a call has 10
 # minutes), each call's result file in $OUT; join them afterwards with
 #   python benchmarks/gpu_native_path.py --merge A.json B.json ... --out RESULT.json
+# A whole session (several jobs in the background, no 10-minute limit): scripts/gpu_session.sh.
 # Modes joined by + run at once on the GPU, taking turns request by request (engines run one
 # after the other differed by 15-30% on the same GPU hit); one group per call (10 minutes):
 #   bash scripts/gpu_bench.sh llava7b --modes vllm+vlmcache
