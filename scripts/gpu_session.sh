@@ -65,6 +65,8 @@ case "${1:-}" in
       cp "$d/gpu-native-path.json" "${OUT:-/tmp}/gpu-native-path-$s.json" 2>/dev/null
       cp "$d/stdout.txt" "${OUT:-/tmp}/log-$s.txt" 2>/dev/null
       cp "$d"/prof-*.tgz "${OUT:-/tmp}/" 2>/dev/null
+      ls /root/work-$s/*.log >/dev/null 2>&1 &&  # each engine's own log (vLLM's, vlmcache's)
+        tar czf "${OUT:-/tmp}/enginelogs-$s.tgz" -C /root/work-$s $(cd /root/work-$s && ls *.log)
     done
     nvidia-smi --query-gpu=memory.used --format=csv,noheader
     ;;

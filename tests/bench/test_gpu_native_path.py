@@ -49,7 +49,8 @@ def test_modes_take_an_admission_variant_and_unknown_names_are_refused():
     assert _mode("vlmcache_restart@second_sight") == "vlmcache_restart@second_sight"
     with pytest.raises(argparse.ArgumentTypeError, match="only vlmcache modes"):
         _mode("vllm@second_sight")
-    with pytest.raises(argparse.ArgumentTypeError, match="one of always, second_sight"):
+    assert _mode("vlmcache@memory") == "vlmcache@memory"
+    with pytest.raises(argparse.ArgumentTypeError, match="one of always, second_sight, memory"):
         _mode("vlmcache@sometimes")
     with pytest.raises(argparse.ArgumentTypeError, match="unknown mode 'vlm'"):
         _mode("vlm")
@@ -62,13 +63,17 @@ def test_a_repeat_runs_its_mode_on_a_store_of_its_own_shared_with_its_restart():
     with pytest.raises(argparse.ArgumentTypeError, match="a repeat is #2"):
         _mode("vllm#x")
     stores = {}
-    for name in ("vlmcache#2", "vlmcache_restart#2", "vlmcache@always#3", "vllm"):
-        args = argparse.Namespace(store="/w/store", admission_memory="second_sight")
+    for name in ("vlmcache#2", "vlmcache_restart#2", "vlmcache@always#3", "vllm",
+                 "vlmcache@memory"):
+        args = argparse.Namespace(store="/w/store", admission_memory="second_sight",
+                                  disk_bytes=50)
         stores[name] = (_child_args(name, args), args.store, args.admission_memory)
+        assert args.disk_bytes == (0 if name.endswith("@memory") else 50)
     assert stores["vlmcache#2"] == ("vlmcache", "/w/store-r2", "second_sight")
     assert stores["vlmcache_restart#2"][1] == "/w/store-r2"
     assert stores["vlmcache@always#3"] == ("vlmcache", "/w/store-always-r3", "always")
     assert stores["vllm"] == ("vllm", "/w/store", "second_sight")
+    assert stores["vlmcache@memory"] == ("vlmcache", "/w/store-memory", "second_sight")
 
 
 class _Runner:

@@ -72,7 +72,7 @@ def test_a_group_runs_its_modes_at_once_taking_turns(tmp_path, monkeypatch):
 def test_a_mode_alone_gets_no_turn_server(tmp_path, monkeypatch):
     import argparse
 
-    script = ("import json, sys; a = sys.argv[1:]; "
+    script = ("import json, sys; a = sys.argv[1:]; print('engine says hi'); "
               "json.dump({'argv': a}, open(a[a.index('--child-out') + 1], 'w'))")
     monkeypatch.setattr(mode_procs, "CHILD_CMD", (sys.executable, "-c", script))
     args = argparse.Namespace(work=str(tmp_path), mode_timeout=60, flush_timeout=0.0,
@@ -80,6 +80,7 @@ def test_a_mode_alone_gets_no_turn_server(tmp_path, monkeypatch):
     result = mode_procs.run_group(["vllm"], args, ["--n", "3"])["vllm"]
     assert "--turns" not in result["argv"] and "interleaved_with" not in result
     assert result["argv"][-2:] == ["--n", "3"]
+    assert (tmp_path / "vllm.log").read_text() == "engine says hi\n"  # kept for diagnosis
 
 
 def test_a_mode_that_dies_at_start_up_holds_the_other_back_no_longer(tmp_path, monkeypatch):

@@ -10,6 +10,16 @@ def _server(tmp_path, expected=2):
     return TurnServer(str(tmp_path / "t.sock"), expected)
 
 
+def _run_children(child, names, server):
+    """Each name's ``child`` on a thread of its own, to the end; then the server closes."""
+    threads = [threading.Thread(target=child, args=(n,)) for n in names]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    server.close()
+
+
 def test_turns_never_overlap_and_alternate_between_children(tmp_path, monkeypatch):
     monkeypatch.setattr("vlmcache.bench.turns.TURN_GAP_S", 0.0)
     server = _server(tmp_path)
@@ -28,12 +38,7 @@ def test_turns_never_overlap_and_alternate_between_children(tmp_path, monkeypatc
         turns.close()
 
     server_path = str(tmp_path / "t.sock")
-    threads = [threading.Thread(target=child, args=(n,)) for n in "ab"]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=30)
-    server.close()
+    _run_children(child, "ab", server)
     assert not overlaps
     assert sorted(log) == ["a"] * 6 + ["b"] * 6
     # while both want turns, they alternate (a child re-asks after its turn; the other
@@ -41,6 +46,26 @@ def test_turns_never_overlap_and_alternate_between_children(tmp_path, monkeypatc
     switches = sum(1 for x, y in zip(log, log[1:]) if x != y)
     assert switches >= 8, log
     assert server.turns == 12
+
+
+def test_turns_go_in_rounds_of_every_child_in_a_shuffled_order(tmp_path, monkeypatch):
+    monkeypatch.setattr("vlmcache.bench.turns.TURN_GAP_S", 0.0)
+    server = TurnServer(str(tmp_path / "t.sock"), 3)
+    log = []
+
+    def child(name):
+        turns = Turns(str(tmp_path / "t.sock"), name, ["miss"])
+        for _ in range(8):
+            with turns.turn():
+                log.append(name)
+                time.sleep(0.005)
+        turns.close()
+
+    _run_children(child, "abc", server)
+    rounds = [log[i:i + 3] for i in range(0, len(log), 3)]
+    assert all(sorted(r) == ["a", "b", "c"] for r in rounds), rounds
+    # a fixed order would put each mode at the same place every round
+    assert len({r[0] for r in rounds}) > 1 and len({r[2] for r in rounds}) > 1, rounds
 
 
 def test_a_phase_waits_for_the_other_child_to_reach_it(tmp_path):

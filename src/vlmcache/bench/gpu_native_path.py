@@ -54,12 +54,15 @@ from vlmcache.config import VlmCacheConfig
 MODES = ("vllm", "vlmcache", "vlmcache_restart", "native_cpu", "native_tiering",
          "native_tiering_restart", "vllm_repeat")
 #: diagnostic, not judged: vLLM's tiering spec with its CPU tier alone (what vlmcache's
-#: spec adds its persistent tier to)
-DIAGNOSTIC_MODES = ("native_tiering_cpu",)
+#: spec adds its persistent tier to); vlmcache's engine wiring driven as plain vLLM (no
+#: front: what vlmcache's engine costs by itself)
+DIAGNOSTIC_MODES = ("native_tiering_cpu", "native_wired")
 WARMUP_SEEDS = (9000, 9001, 9002)
 BATCH_SEED0 = 100
 AGAIN_SEED_OFFSET = 20_000
 ADMISSIONS = ("always", "second_sight")
+#: ``vlmcache@memory``: CPU tier only (``disk_budget`` 0: no persistent tier, no I/O process)
+VARIANTS = ADMISSIONS + ("memory",)
 
 
 def _device() -> str:
@@ -154,16 +157,16 @@ def _offload_phases(runner: Runner, mode: str, args: argparse.Namespace,
 
 
 def _mode(name: str) -> str:
-    """A mode, a vlmcache mode with another admission (``vlmcache@second_sight``), either
-    repeated in another engine process on a store of its own (``vllm#2``)."""
+    """A mode, a vlmcache mode with another admission (``vlmcache@second_sight``) or without
+    its persistent tier (``vlmcache@memory``), either repeated in another engine process on a store of its own (``vllm#2``)."""
     spec, mark, repeat = name.partition("#")
     base, at, admission = spec.partition("@")
     if base not in MODES + DIAGNOSTIC_MODES:
         raise argparse.ArgumentTypeError(
             f"unknown mode {base!r}: one of {', '.join(MODES + DIAGNOSTIC_MODES)}")
-    if at and (not base.startswith("vlmcache") or admission not in ADMISSIONS):
+    if at and (not base.startswith("vlmcache") or admission not in VARIANTS):
         raise argparse.ArgumentTypeError(
-            f"{name!r}: only vlmcache modes take @admission, one of {', '.join(ADMISSIONS)}")
+            f"{name!r}: only vlmcache modes take @variant, one of {', '.join(VARIANTS)}")
     if mark and not (repeat.isdigit() and int(repeat) >= 2):
         raise argparse.ArgumentTypeError(f"{name!r}: a repeat is #2, #3, ...")
     return name
@@ -186,12 +189,15 @@ def _groups(modes: str) -> list[list[str]]:
 
 
 def _child_args(name: str, args: argparse.Namespace) -> str:
-    """The base mode a child runs; a variant's admission and a repeat's store set in
-    ``args`` (a restart mode shares its capture mode's store: same admission and repeat)."""
+    """The base mode a child runs; a variant's admission (or disk budget) and a repeat's
+    store set in ``args`` (a restart mode shares its capture mode's store: same variant and
+    repeat)."""
     spec, _, repeat = name.partition("#")
-    base, _, admission = spec.partition("@")
-    if admission:
-        args.admission_memory, args.store = admission, f"{args.store}-{admission}"
+    base, _, variant = spec.partition("@")
+    if variant == "memory":
+        args.disk_bytes, args.store = 0, f"{args.store}-{variant}"
+    elif variant:
+        args.admission_memory, args.store = variant, f"{args.store}-{variant}"
     if repeat:
         args.store = f"{args.store}-r{repeat}"
     return base

@@ -58,7 +58,17 @@ def _vlmcache_llm(args: argparse.Namespace, engine_args: dict[str, Any]) -> Any:
 def _native_llm(mode: str, args: argparse.Namespace, engine_args: dict[str, Any]) -> Any:
     from vllm import LLM
 
-    if mode == "native_cpu":
+    if mode.startswith("native_wired"):  # vlmcache's engine wiring, driven as plain vLLM
+        from vlmcache.api import _device_type
+        from vlmcache.config import VlmCacheConfig
+        from vlmcache.vllm.engine_config import engine_wiring
+
+        config = VlmCacheConfig(store_path=args.store, memory_budget=args.cpu_bytes,
+                                disk_budget=args.disk_bytes, enable_encoder_cache=False,
+                                model_revision="dummy-weights", kv_io_threads=args.kv_io_threads,
+                                admission_memory=args.admission_memory)
+        engine_args.update(engine_wiring(config, _device_type()).llm_kwargs(block_size=False))
+    elif mode == "native_cpu":
         engine_args["kv_offloading_size"] = args.cpu_bytes / 1024**3
     elif mode.startswith("native_tiering"):
         from vllm.config import KVTransferConfig

@@ -18,6 +18,8 @@ from typing import Any
 HASH_ENV = {"PYTHONHASHSEED": "0"}  # vLLM's block hashes reproducible across restarts
 #: what a mode's process runs (its mode and arguments follow)
 CHILD_CMD = (sys.executable, "-m", "vlmcache.bench.gpu_native_path")
+#: the end of a finished mode's log kept beside its result (``MODE.log`` in ``--work``)
+LOG_KEEP_CHARS = 400_000
 
 
 def run_group(modes: list[str], args: argparse.Namespace,
@@ -100,6 +102,8 @@ def _wait(mode: str, proc: subprocess.Popen[str], timeout: float,
 def _result(mode: str, started: tuple[subprocess.Popen[str], Path, float], log: str | None,
             args: argparse.Namespace, flushed: float) -> dict[str, Any]:
     proc, out, start = started
+    if log is not None:  # the engine's own log lines (vLLM's and vlmcache's), for diagnosis
+        out.with_suffix(".log").write_text(log[-LOG_KEEP_CHARS:])
     if log is None:
         return {"error": f"timed out after {args.mode_timeout} s"}
     if proc.returncode != 0 or not out.exists():
