@@ -31,3 +31,30 @@ def test_token_summary_reports_vlmcache_share_of_front_and_return():
     assert s["tokens_computed"] == 8
     assert s["ours_front_median_ms"] == 0.4 and s["ours_return_median_ms"] == 0.2
     assert s["front_median_ms"] == 5.0
+
+
+def test_ab_mode_sends_each_request_both_ways_taking_turns_at_going_first():
+    from vlmcache.bench.gpu_runner import Runner
+    from vlmcache.bench.turns import Turns
+
+    runner = object.__new__(Runner)  # the engine-free parts of a vlmcache_ab runner
+    runner.turns, runner.ab, runner.plain_facts = Turns("", "x", []), True, []
+    runner.side, runner.params = 8, None
+    order = []
+    timing = {"front_ms": 3.0, "queue_ms": 0.0, "engine_ms": 9.0, "return_ms": 1.0}
+
+    def via_cached(images, params):
+        order.append("cached")
+        return [{"wall_s": 0.015, "prompt": 680, "loaded": 0, "prefix": 672, "stored": 0,
+                 "choice": None, "reason": None, **timing}]
+
+    def plain(images, params):
+        order.append("plain")
+        return [{"wall_s": 0.013, "prompt": 680, "cached": 672, **timing}]
+
+    runner._generate, runner._plain = via_cached, plain
+    out = runner.timed([1, 2, 3, 4])
+    assert order == ["cached", "plain", "plain", "cached"] * 2
+    assert out["median_ms"] == 15.0 and out["tokens_from_prefix_cache"] == 672
+    assert out["plain"]["median_ms"] == 13.0 and out["plain"]["tokens_cached"] == 672
+    assert len(out["plain"]["all_ms"]) == 4

@@ -55,8 +55,9 @@ MODES = ("vllm", "vlmcache", "vlmcache_restart", "native_cpu", "native_tiering",
          "native_tiering_restart", "vllm_repeat")
 #: diagnostic, not judged: vLLM's tiering spec with its CPU tier alone (what vlmcache's
 #: spec adds its persistent tier to); vlmcache's engine wiring driven as plain vLLM (no
-#: front: what vlmcache's engine costs by itself)
-DIAGNOSTIC_MODES = ("native_tiering_cpu", "native_wired")
+#: front: what vlmcache's engine costs by itself); vlmcache with each request also sent as
+#: plain vLLM to the same engine, right before or after it (rows under ``plain``)
+DIAGNOSTIC_MODES = ("native_tiering_cpu", "native_wired", "vlmcache_ab")
 WARMUP_SEEDS = (9000, 9001, 9002)
 BATCH_SEED0 = 100
 AGAIN_SEED_OFFSET = 20_000

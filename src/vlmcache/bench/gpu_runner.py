@@ -108,6 +108,8 @@ class Runner:
         from vllm import SamplingParams
 
         self.turns = turns
+        # diagnostic: each request also sent as plain vLLM on the same engine (vlmcache_ab)
+        self.ab, self.plain_facts = mode == "vlmcache_ab", []
         self.prompt, self.side = _prompt(Path(args.geometry))
         self.store, self.block_size = args.store, args.block_size
         self.params = SamplingParams(temperature=0.0, max_tokens=1)
@@ -129,27 +131,40 @@ class Runner:
         images nor the benchmark's own look at the store)."""
         images = [_image(s, self.side) for s in seeds]
         with self.turns.turn():
-            return self._generate(images, params or self.params)
+            if not self.ab:
+                return self._generate(images, params or self.params)
+            plain_first = len(self.plain_facts) % 2 == 1  # neither kind always goes first
+            if plain_first:
+                self.plain_facts += self._plain(images, params or self.params)
+            facts = self._generate(images, params or self.params)
+            if not plain_first:
+                self.plain_facts += self._plain(images, params or self.params)
+            return facts
 
     def _generate(self, images: list[Any], params: Any) -> list[dict[str, Any]]:
-        start = time.perf_counter()
-        if self.cached is not None:
-            from vlmcache.api import VlmRequest
+        if self.cached is None:
+            return self._plain(images, params)
+        from vlmcache.api import VlmRequest
 
-            outs = self.cached.generate([VlmRequest(self.prompt, (im,)) for im in images],
-                                        params)
-            end = time.perf_counter()
-            # vlmcache's own share of the front and return phases (the rest is vLLM's)
-            ours = {"ours_front_ms": (self._engine_span[0] - start) * 1e3,
-                    "ours_return_ms": (end - self._engine_span[1]) * 1e3}
-            return [{"wall_s": end - start, **ours,
-                     "prompt": o.report.prompt_tokens, "loaded": o.report.tokens_loaded,
-                     "prefix": o.report.tokens_from_prefix_cache,
-                     "stored": self._stored_tokens(o.report.chunk_keys),
-                     "choice": o.report.kv_cost_choice, "reason": o.report.kv_cost_reason,
-                     **phases(o.output, start, end)} for o in outs]
+        start = time.perf_counter()
+        outs = self.cached.generate([VlmRequest(self.prompt, (im,)) for im in images],
+                                    params)
+        end = time.perf_counter()
+        # vlmcache's own share of the front and return phases (the rest is vLLM's)
+        ours = {"ours_front_ms": (self._engine_span[0] - start) * 1e3,
+                "ours_return_ms": (end - self._engine_span[1]) * 1e3}
+        return [{"wall_s": end - start, **ours,
+                 "prompt": o.report.prompt_tokens, "loaded": o.report.tokens_loaded,
+                 "prefix": o.report.tokens_from_prefix_cache,
+                 "stored": self._stored_tokens(o.report.chunk_keys),
+                 "choice": o.report.kv_cost_choice, "reason": o.report.kv_cost_reason,
+                 **phases(o.output, start, end)} for o in outs]
+
+    def _plain(self, images: list[Any], params: Any) -> list[dict[str, Any]]:
+        start = time.perf_counter()
         prompts = [{"prompt": self.prompt, "multi_modal_data": {"image": im}} for im in images]
-        outs = self.llm.generate(prompts, params, use_tqdm=False)
+        llm = self.cached.llm if self.cached is not None else self.llm
+        outs = llm.generate(prompts, params, use_tqdm=False)
         end = time.perf_counter()
         # vLLM reports one number for its prefix cache plus what a connector loaded
         return [{"wall_s": end - start,
@@ -171,13 +186,15 @@ class Runner:
     def timed(self, seeds: Sequence[int]) -> dict[str, Any]:
         """Batch 1: each request alone; median latency and what was reused."""
         ms, facts = [], []
+        self.plain_facts = []
         for s in seeds:
             facts += self.generate([s])
             ms.append(facts[-1]["wall_s"] * 1e3)
-        return {"median_ms": round(statistics.median(ms), 2), "min_ms": round(min(ms), 2),
-                "all_ms": [round(m, 2) for m in ms], **_token_summary(facts),
-                "phases_ms": [{k: round(f[k], 2) for k in PHASES + OURS if k in f}
-                              for f in facts]}
+        out = _timed_summary(ms, facts)
+        if self.plain_facts:
+            out["plain"] = _timed_summary([f["wall_s"] * 1e3 for f in self.plain_facts],
+                                          self.plain_facts)
+        return out
 
     def batched(self, seeds: Sequence[int]) -> dict[str, Any]:
         facts = self.generate(seeds)
@@ -196,6 +213,12 @@ class Runner:
         if self.cached is not None:
             with self.turns.turn():
                 self.cached.close()
+
+
+def _timed_summary(ms: list[float], facts: list[dict[str, Any]]) -> dict[str, Any]:
+    return {"median_ms": round(statistics.median(ms), 2), "min_ms": round(min(ms), 2),
+            "all_ms": [round(m, 2) for m in ms], **_token_summary(facts),
+            "phases_ms": [{k: round(f[k], 2) for k in PHASES + OURS if k in f} for f in facts]}
 
 
 def _token_summary(facts: list[dict[str, Any]]) -> dict[str, Any]:
