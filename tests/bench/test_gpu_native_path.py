@@ -14,7 +14,7 @@ def test_invocations_for_one_shape_merge_their_modes_and_keep_each_command(tmp_p
     out = tmp_path / "r.json"
     args = argparse.Namespace(geometry="benchmarks/geometries/qwen2vl7b", out=str(out),
                               eager=False, n=12, batch=32, cpu_bytes=1, block_size=16,
-                              admission_memory="always")
+                              admission_memory="always", batch_repeats=3)
     _write(args, ["--modes", "vllm"], {"vllm": {"miss": {"median_ms": 50.0}}})
     _write(args, ["--modes", "vlmcache"], {"vlmcache": {"miss": {"median_ms": 51.0}}})
     record = json.loads(out.read_text())
@@ -109,7 +109,8 @@ def _phases(monkeypatch, mode, admission):
 
     monkeypatch.setattr(gpu_native_path, "Runner", _Runner)
     args = argparse.Namespace(n=2, batch=2, settle=0.0, profile_dir="",
-                              admission_memory=admission, turns="", child=None)
+                              admission_memory=admission, turns="", child=None,
+                              batch_repeats=2)
     phases = list(gpu_native_path.run_mode(mode, args))
     # the plan a turn server aligns phases by is what the mode runs
     assert gpu_native_path.phase_plan(mode, args) == phases
@@ -120,19 +121,20 @@ def _phases(monkeypatch, mode, admission):
 def test_under_second_sight_cpu_hits_follow_a_second_computation(monkeypatch):
     phases, calls = _phases(monkeypatch, "vlmcache", "second_sight")
     assert phases == ["miss", "gpu_hit", "gpu_hit_again", "miss_batch", "miss_again",
-                      "cpu_hit", "miss_again_batch", "cpu_hit_batch"]
+                      "cpu_hit", "miss_again_batch", "cpu_hit_batch", "miss_batch_2"]
     # prompts computed once, evicted, computed again (captured), then hit in the CPU tier;
-    # each CPU-hit phase comes right after its own prompts' capture
+    # each CPU-hit phase comes right after its own prompts' capture; the repeated first-sight
+    # batch comes last, where what it captures evicts nothing timed
     assert calls == ["timed", "timed", "timed", "batched", "generate", "reset", "timed",
-                     "reset", "timed", "batched", "reset", "batched"]
+                     "reset", "timed", "batched", "reset", "batched", "batched"]
 
 
 def test_capture_at_first_sight_times_cpu_hits_after_one_reset(monkeypatch):
     phases, calls = _phases(monkeypatch, "native_cpu", "second_sight")
     assert phases == ["miss", "gpu_hit", "gpu_hit_again", "miss_batch", "cpu_hit",
-                      "cpu_hit_batch"]
+                      "cpu_hit_batch", "miss_batch_2"]
     assert calls == ["timed", "timed", "timed", "batched", "reset", "timed", "reset",
-                     "batched"]
+                     "batched", "batched"]
 
 
 def test_groups_run_at_once_but_a_restart_comes_after_its_capture():

@@ -168,3 +168,16 @@ def test_paired_ratios_are_per_request_ratios_of_runs_that_took_turns():
     assert ratios["gpu_hit"]["geomean"] == round((1.05 * 1.1 * 0.75) ** (1 / 3), 3)
     assert ratios["miss"] is None  # no per-request latencies
     assert ratios["restart_vs_native_fs"] is None  # no native fs restart ran
+
+
+def test_the_batch_ratio_is_the_median_of_the_repeated_first_sight_batches():
+    modes = _modes()
+    modes["vllm"]["miss_batch"] = {"prompt_tok_s": 20000}
+    modes["vlmcache"]["miss_batch"] = {"prompt_tok_s": 16000}  # one slow batch
+    for k, (ours, peer) in ((2, (19800, 20000)), (3, (20400, 20000))):
+        modes["vlmcache"][f"miss_batch_{k}"] = {"prompt_tok_s": ours}
+        modes["vllm"][f"miss_batch_{k}"] = {"prompt_tok_s": peer}
+    s = shape_summary(modes, 16)
+    assert s["miss_batch_tput_ratios"] == [0.8, 0.99, 1.02]
+    assert s["miss_batch_tput_ratio"] == 0.99
+    assert s["targets"]["miss_batch_tput_ge_95pct"] is True

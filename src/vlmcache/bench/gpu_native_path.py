@@ -60,6 +60,8 @@ MODES = ("vllm", "vlmcache", "vlmcache_restart", "native_cpu", "native_tiering",
 DIAGNOSTIC_MODES = ("native_tiering_cpu", "native_wired", "vlmcache_ab")
 WARMUP_SEEDS = (9000, 9001, 9002)
 BATCH_SEED0 = 100
+#: seeds of the repeated first-sight batches (``miss_batch_2``, ...): other prompts each time
+BATCH_REPEAT_OFFSET = 1_000
 AGAIN_SEED_OFFSET = 20_000
 ADMISSIONS = ("always", "second_sight")
 #: ``vlmcache@memory``: CPU tier only (``disk_budget`` 0: no persistent tier, no I/O process)
@@ -81,11 +83,12 @@ def phase_plan(mode: str, args: argparse.Namespace) -> list[str]:
     if mode.endswith("_restart"):
         return ["restart_hit", "restart_hit_batch"]
     plan = ["miss", "gpu_hit", "gpu_hit_again", "miss_batch"]
+    repeats = [f"miss_batch_{k}" for k in range(2, args.batch_repeats + 1)]
     if mode in BASELINES:
-        return plan
+        return plan + repeats
     if _second_sight(mode, args):
-        return plan + ["miss_again", "cpu_hit", "miss_again_batch", "cpu_hit_batch"]
-    return plan + ["cpu_hit", "cpu_hit_batch"]
+        return plan + ["miss_again", "cpu_hit", "miss_again_batch", "cpu_hit_batch"] + repeats
+    return plan + ["cpu_hit", "cpu_hit_batch"] + repeats
 
 
 def _second_sight(mode: str, args: argparse.Namespace) -> bool:
@@ -126,6 +129,8 @@ def run_mode(mode: str, args: argparse.Namespace) -> dict[str, Any]:
         timed("miss_batch", batch, batched=True)
         if mode not in BASELINES:
             _offload_phases(runner, mode, args, seeds, batch, timed)
+        for k in range(2, args.batch_repeats + 1):  # last: a capture here evicts nothing timed
+            timed(f"miss_batch_{k}", [s + k * BATCH_REPEAT_OFFSET for s in batch], batched=True)
         time.sleep(args.settle)  # the persistent tier's writes land before the process ends
     finally:
         runner.close()
@@ -209,6 +214,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--geometry", default="benchmarks/geometries/qwen2vl7b")
     parser.add_argument("--n", type=int, default=12, help="batch-1 requests per phase")
     parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--batch-repeats", type=int, default=3,
+                        help="first-sight batches, other prompts each (the ratio is their median)")
     parser.add_argument("--cpu-bytes", type=int, default=24 * 1024**3)
     parser.add_argument("--disk-bytes", type=int, default=50 * 1024**3)
     parser.add_argument("--block-size", type=int, default=16, help="vLLM's KV block size")
@@ -278,7 +285,8 @@ def _write(args: argparse.Namespace, argv: Sequence[str] | None, modes: dict[str
     record.update({"device": _device(), "vllm_version": vllm.__version__,
                    "engine": "enforce_eager" if args.eager else "compiled + CUDA graphs",
                    "dummy_weights": True, "output_tokens": 1})
-    settings = {"n_batch1": args.n, "batch": args.batch, "cpu_bytes": args.cpu_bytes,
+    settings = {"n_batch1": args.n, "batch": args.batch, "batch_repeats": args.batch_repeats,
+                "cpu_bytes": args.cpu_bytes,
                 "block_size": args.block_size, "admission_memory": args.admission_memory}
     merge_shape(record, Path(args.geometry).name, [cmd.strip()], modes, settings)
     out.parent.mkdir(parents=True, exist_ok=True)
