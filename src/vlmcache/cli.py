@@ -98,7 +98,7 @@ def cmd_proxy(args: argparse.Namespace) -> int:
     import uvicorn
 
     from vlmcache.serving.front import CascadeFront
-    from vlmcache.serving.logs import LOGGER
+    from vlmcache.vllm.logs import LOGGER
     from vlmcache.serving.metrics import FrontMetrics
     from vlmcache.serving.proxy import build_proxy_app
 

@@ -38,6 +38,10 @@ def store_dir(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("store")
 
 
+#: each engine job's output (vLLM's log lines and vlmcache's), by mode
+JOB_LOGS: dict[str, str] = {}
+
+
 def _job(mode: str, model: Path, store: Path, seeds, out: Path, alt_seeds=()) -> dict:
     """Results keyed by seed, and by ``("alt", seed)`` for the alternative question."""
     cmd = [sys.executable, "-m", "vlmcache.testing.engine_job", "--mode", mode,
@@ -45,6 +49,7 @@ def _job(mode: str, model: Path, store: Path, seeds, out: Path, alt_seeds=()) ->
            "--seeds", *map(str, seeds), "--alt-seeds", *map(str, alt_seeds)]
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"}
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env)
+    JOB_LOGS[mode] = proc.stdout + proc.stderr
     if proc.returncode != 0:
         raise RuntimeError(f"{mode} engine job failed:\n{proc.stderr[-6000:]}")
     return {(("alt", r["seed"]) if r["alt"] else r["seed"]): r
@@ -57,6 +62,12 @@ def baseline(tiny_model, tmp_path_factory) -> dict[int, dict]:
     tmp = tmp_path_factory.mktemp("baseline")
     return _job("off", tiny_model, tmp / "unused-store", STORED_SEEDS + UNSEEN_SEEDS,
                 tmp / "out.json", ALT_SEEDS)
+
+
+@pytest.fixture(scope="session")
+def job_logs() -> dict[str, str]:
+    """The output of the engine jobs run so far, by mode."""
+    return JOB_LOGS
 
 
 @pytest.fixture(scope="session")

@@ -19,6 +19,13 @@ def test_first_process_stored_full_blocks(first_process):
         assert report["blocks_saved"] == report["prompt_tokens"] // BLOCK_SIZE
 
 
+def test_vlmcache_log_lines_show_in_the_engine_process_log(first_process, job_logs):
+    # the engine runs in vLLM's EngineCore process, which only configures vLLM's logger
+    log = job_logs["cache"]
+    assert "vlmcache KV path on vLLM's offloading connector" in log
+    assert "vlmcache KV tier:" in log
+
+
 def test_new_process_loads_persisted_prefix_and_matches_cache_off(cached_llm, baseline):
     out = cached_llm.generate([make_request(0)], greedy())[0]
     report = out.report

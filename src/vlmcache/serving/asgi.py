@@ -182,7 +182,7 @@ def front_from_env() -> CascadeFront:
     """The front described by ``$VLMCACHE_FRONT_CONFIG`` (``vlmcache serve`` writes it)."""
     from vlmcache.config import VlmCacheConfig
     from vlmcache.errors import ConfigError
-    from vlmcache.serving.logs import attach_to_vllm_logging
+    from vlmcache.vllm.logs import attach_to_vllm_logging
     from vlmcache.serving.metrics import FrontMetrics
 
     attach_to_vllm_logging()

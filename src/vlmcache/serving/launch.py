@@ -60,7 +60,7 @@ def serve_command(model: str, config: VlmCacheConfig, vllm_args: Sequence[str],
         env[CONFIG_ENV] = str(spec)
         middleware = ["--middleware", MIDDLEWARE]
     if "VLLM_LOGGING_CONFIG_PATH" not in os.environ:
-        from vlmcache.serving.logs import write_logging_config
+        from vlmcache.vllm.logs import write_logging_config
 
         env["VLLM_LOGGING_CONFIG_PATH"] = str(write_logging_config(run_dir / "logging.json"))
     argv = [sys.executable, "-m", SERVER_MODULE, "--model", model, *wired, *middleware,

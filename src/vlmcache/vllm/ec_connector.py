@@ -24,6 +24,7 @@ from vllm.distributed.ec_transfer.ec_connector.base import (
 from vlmcache.config import VlmCacheConfig
 from vlmcache.store.kvstore import shared_encoder_store
 from vlmcache.vllm.encoder_plan import EncoderLoad, EncoderPlanner, EncoderTransfer
+from vlmcache.vllm.logs import attach_to_vllm_logging
 from vlmcache.vllm.namespace import namespace_for_engine
 
 if TYPE_CHECKING:
@@ -56,6 +57,7 @@ class VlmCacheECConnector(ECConnectorBase):
 
     def __init__(self, vllm_config: Any, role: ECConnectorRole) -> None:
         super().__init__(vllm_config=vllm_config, role=role)
+        attach_to_vllm_logging()  # this runs in vLLM's engine processes
         extra = vllm_config.ec_transfer_config.ec_connector_extra_config
         self._config = VlmCacheConfig.from_extra_config(extra)
         namespace = namespace_for_engine(vllm_config, self._config, encoder=True)

@@ -4,7 +4,8 @@ vLLM configures only its own ``vllm`` logger; vlmcache's loggers would have no h
 (their INFO lines lost). ``vlmcache serve`` hands every vLLM process (API server,
 EngineCore, workers) a logging config that adds a ``vlmcache`` logger on vLLM's handler
 (``VLLM_LOGGING_CONFIG_PATH``); :func:`attach_to_vllm_logging` does the same in one
-process when vLLM was started some other way.
+process when vLLM was started some other way (vlmcache's connectors call it in every engine
+process they run in: ``CachedLLM``, a plain ``vllm serve`` with the flag).
 """
 
 from __future__ import annotations
@@ -35,7 +36,9 @@ def write_logging_config(path: Path, level: str = "INFO") -> Path:
 
 
 def attach_to_vllm_logging(level: int = logging.INFO) -> None:
-    """Give the ``vlmcache`` logger vLLM's handlers if it has none (idempotent)."""
+    """Give the ``vlmcache`` logger vLLM's handlers if it has none (idempotent). Its records
+    still reach the root logger where that has handlers of its own (an application's, a test
+    runner's); in vLLM's processes it has none, and nothing is printed twice."""
     ours = logging.getLogger(LOGGER)
     if ours.handlers:
         return
@@ -43,4 +46,4 @@ def attach_to_vllm_logging(level: int = logging.INFO) -> None:
         ours.addHandler(handler)
     if ours.handlers:
         ours.setLevel(level)
-        ours.propagate = False
+        ours.propagate = bool(logging.getLogger().handlers)

@@ -28,6 +28,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.offloading_connector import (
 )
 
 from vlmcache.vllm import compat
+from vlmcache.vllm.logs import attach_to_vllm_logging
 from vlmcache.vllm.namespace import namespace_for_engine
 from vlmcache.vllm.offload_spec import (
     NAMESPACE_KEY,
@@ -65,6 +66,7 @@ class VlmCacheOffloadingConnector(OffloadingConnector):
     def __init__(self, vllm_config: Any, role: KVConnectorRole,
                  kv_cache_config: Any = None) -> None:
         compat.check_supported()
+        attach_to_vllm_logging()  # this runs in vLLM's engine processes
         transfer = vllm_config.kv_transfer_config
         extra = transfer.kv_connector_extra_config
         config = vlmcache_config(extra)

@@ -42,6 +42,21 @@ try:
 except ValueError:  # already registered (module re-imported)
     pass
 
+REGION_LOGGER = "vllm.v1.kv_offload.cpu.shared_offload_region"
+
+
+def _not_our_unlinked_region(record: logging.LogRecord) -> bool:
+    """vLLM's region logs a warning with a traceback at every shutdown when its file is
+    gone; vlmcache unlinks that file on purpose once it is mapped (see
+    :meth:`VlmCacheOffloadingSpec._unlink_region_file`). Only that record is dropped."""
+    exc = record.exc_info[1] if record.exc_info else None
+    return not (str(record.msg).startswith("Failed to unlink path")
+                and isinstance(exc, FileNotFoundError))
+
+
+if _not_our_unlinked_region not in logging.getLogger(REGION_LOGGER).filters:
+    logging.getLogger(REGION_LOGGER).addFilter(_not_our_unlinked_region)
+
 
 @dataclass
 class SchedulerRuntime:
