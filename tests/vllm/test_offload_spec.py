@@ -5,9 +5,20 @@ import logging
 from vlmcache.vllm.offload_spec import REGION_LOGGER
 
 
-def test_only_the_unlink_warning_of_the_region_file_vlmcache_removed_is_dropped(caplog):
-    region_log = logging.getLogger(REGION_LOGGER)
-    with caplog.at_level(logging.WARNING, logger=REGION_LOGGER):
+class _Records(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+def test_only_the_unlink_warning_of_the_region_file_vlmcache_removed_is_dropped():
+    # a handler on the logger itself: vLLM's loggers may not propagate to the root's
+    region_log, seen = logging.getLogger(REGION_LOGGER), _Records()
+    region_log.addHandler(seen)
+    try:
         try:
             raise FileNotFoundError(2, "No such file or directory")
         except FileNotFoundError:
@@ -17,5 +28,6 @@ def test_only_the_unlink_warning_of_the_region_file_vlmcache_removed_is_dropped(
         except PermissionError:
             region_log.warning("Failed to unlink path %s", "/dev/shm/y.mmap", exc_info=True)
         region_log.warning("Failed to close fd %s", 7)
-    messages = [r.getMessage() for r in caplog.records]
-    assert messages == ["Failed to unlink path /dev/shm/y.mmap", "Failed to close fd 7"]
+    finally:
+        region_log.removeHandler(seen)
+    assert seen.messages == ["Failed to unlink path /dev/shm/y.mmap", "Failed to close fd 7"]
