@@ -98,9 +98,9 @@ def cmd_proxy(args: argparse.Namespace) -> int:
     import uvicorn
 
     from vlmcache.serving.front import CascadeFront
-    from vlmcache.vllm.logs import LOGGER
     from vlmcache.serving.metrics import FrontMetrics
     from vlmcache.serving.proxy import build_proxy_app
+    from vlmcache.vllm.logs import LOGGER
 
     logging.basicConfig(level=logging.WARNING)
     logging.getLogger(LOGGER).setLevel(logging.INFO)

@@ -2,21 +2,13 @@
 
 import logging
 
+from vlmcache.bench.faults import WarningLog
 from vlmcache.vllm.offload_spec import REGION_LOGGER
-
-
-class _Records(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__(logging.DEBUG)
-        self.messages: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.messages.append(record.getMessage())
 
 
 def test_only_the_unlink_warning_of_the_region_file_vlmcache_removed_is_dropped():
     # a handler on the logger itself: vLLM's loggers may not propagate to the root's
-    region_log, seen = logging.getLogger(REGION_LOGGER), _Records()
+    region_log, seen = logging.getLogger(REGION_LOGGER), WarningLog()
     region_log.addHandler(seen)
     try:
         try:

@@ -164,7 +164,8 @@ def _offload_phases(runner: Runner, mode: str, args: argparse.Namespace,
 
 def _mode(name: str) -> str:
     """A mode, a vlmcache mode with another admission (``vlmcache@second_sight``) or without
-    its persistent tier (``vlmcache@memory``), either repeated in another engine process on a store of its own (``vllm#2``)."""
+    its persistent tier (``vlmcache@memory``), either repeated in another engine process on a
+    store of its own (``vllm#2``)."""
     spec, mark, repeat = name.partition("#")
     base, at, admission = spec.partition("@")
     if base not in MODES + DIAGNOSTIC_MODES:

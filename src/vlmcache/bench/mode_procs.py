@@ -102,10 +102,10 @@ def _wait(mode: str, proc: subprocess.Popen[str], timeout: float,
 def _result(mode: str, started: tuple[subprocess.Popen[str], Path, float], log: str | None,
             args: argparse.Namespace, flushed: float) -> dict[str, Any]:
     proc, out, start = started
-    if log is not None:  # the engine's own log lines (vLLM's and vlmcache's), for diagnosis
-        out.with_suffix(".log").write_text(log[-LOG_KEEP_CHARS:])
     if log is None:
         return {"error": f"timed out after {args.mode_timeout} s"}
+    # the engine's own log lines (vLLM's and vlmcache's), for diagnosis
+    out.with_suffix(".log").write_text(log[-LOG_KEEP_CHARS:])
     if proc.returncode != 0 or not out.exists():
         return {"error": f"exit {proc.returncode}", "log_tail": log[-3000:]}
     result = json.loads(out.read_text())

@@ -182,8 +182,8 @@ def front_from_env() -> CascadeFront:
     """The front described by ``$VLMCACHE_FRONT_CONFIG`` (``vlmcache serve`` writes it)."""
     from vlmcache.config import VlmCacheConfig
     from vlmcache.errors import ConfigError
-    from vlmcache.vllm.logs import attach_to_vllm_logging
     from vlmcache.serving.metrics import FrontMetrics
+    from vlmcache.vllm.logs import attach_to_vllm_logging
 
     attach_to_vllm_logging()
     path = os.environ.get(CONFIG_ENV)
