@@ -26,7 +26,7 @@ mkdir -p "$out"
 extra=()
 if [ "${PROFILE:-0}" = 1 ]; then
   command -v py-spy >/dev/null || pip install -q --no-index .gpu/tools/py_spy*.whl
-  extra=(--profile-dir "$out/prof-$shape")
+  extra=(--profile-dir "$out/prof-$shape" ${PROFILE_ARGS:-})
 fi
 nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader
 df -h /root | tail -1

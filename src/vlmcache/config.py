@@ -23,6 +23,7 @@ ClientUuidPolicy = Literal["replace", "refuse", "trust"]  # issue 12
 RemoteImagePolicy = Literal["refuse", "fetch"]  # issue 12
 AdmissionName = Literal["always", "second_sight"]  # issue 14A
 EvictionName = Literal["lru", "reuse"]  # issue 14A
+KvBlockLayout = Literal["per_layer", "cross_layer"]  # issue 11
 
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]i?b?|b)?\s*$", re.IGNORECASE)
 _SIZE_UNITS = {"": 1, "b": 1, "k": 1000, "m": 1000**2, "g": 1000**3, "t": 1000**4,
@@ -139,6 +140,11 @@ class VlmCacheConfig:
         tenant_quota: share of each memory tier's budget (KV, encoder outputs) one tenant
             may hold, in (0, 1]; 1.0 (default): no per-tenant quota. A tenant over its quota
             evicts its own entries, never another tenant's.
+        kv_block_layout: how vLLM lays out the GPU KV cache under vlmcache's connector:
+            ``cross_layer`` (what vLLM 0.26's offloading connector asks for: one tensor,
+            all layers of a block together, heads outermost) or ``per_layer`` (one tensor
+            per layer in the attention backend's own layout, as vLLM without a connector,
+            and vLLM 0.32's offloading connector). vLLM >= 0.32 always uses ``per_layer``.
         admission_memory: ``second_sight`` (default) or ``always``: keep a chunk in memory
             only the second time it is offered (one-off content never displaces anything).
             On the KV path this is vLLM's CPU offload region: with ``second_sight`` a
@@ -235,6 +241,7 @@ class VlmCacheConfig:
     kv_read_fixed_s: float = 0.0001  # fixed cost of one chunk read (reads run in parallel)
     kv_prefill_tokens_per_s_prior: float = 20_000.0  # engine prefill rate until measured
     kv_io_threads: int = 4  # persistent tier reader/writer threads (beside the scheduler)
+    kv_block_layout: KvBlockLayout = "cross_layer"
     # --- end issue 11 ---
     # --- issue 14A: tenant fairness and the write-behind bound ---
     tenant_quota: float = 1.0

@@ -1,6 +1,7 @@
 """The GPU benchmark's result file and mode names (no GPU)."""
 
 import argparse
+import os
 import json
 
 import pytest
@@ -47,13 +48,38 @@ def test_merge_joins_the_result_files_of_several_calls(tmp_path):
 
 def test_modes_take_an_admission_variant_and_unknown_names_are_refused():
     assert _mode("vlmcache_restart@second_sight") == "vlmcache_restart@second_sight"
-    with pytest.raises(argparse.ArgumentTypeError, match="only vlmcache modes"):
+    with pytest.raises(argparse.ArgumentTypeError, match="vlmcache modes also @always"):
         _mode("vllm@second_sight")
     assert _mode("vlmcache@memory") == "vlmcache@memory"
-    with pytest.raises(argparse.ArgumentTypeError, match="one of always, second_sight, memory"):
+    with pytest.raises(argparse.ArgumentTypeError, match="@always, @second_sight, @memory"):
         _mode("vlmcache@sometimes")
     with pytest.raises(argparse.ArgumentTypeError, match="unknown mode 'vlm'"):
         _mode("vlm")
+
+
+def test_only_the_phases_asked_for_are_profiled(tmp_path):
+    from vlmcache.bench.phase_timing import PhaseProfile
+
+    args = argparse.Namespace(profile_dir=str(tmp_path), profile_phases="gpu_hit_again",
+                              profile_native=True)
+    assert PhaseProfile(args, "vllm-miss", "miss").path is None
+    picked = PhaseProfile(args, "vllm-gpu_hit_again", "gpu_hit_again")
+    assert picked.path == tmp_path / "vllm-gpu_hit_again.txt" and picked.native
+
+
+def test_a_layout_variant_sets_vllms_order_or_vlmcaches_block_layout(monkeypatch):
+    from vlmcache.bench import gpu_native_path
+
+    monkeypatch.setenv("VLLM_KV_CACHE_LAYOUT", "NHD")  # restored (or unset) afterwards
+    assert _mode("vllm@hnd") == "vllm@hnd" and _mode("vlmcache@per_layer")
+    with pytest.raises(argparse.ArgumentTypeError, match="vlmcache modes also"):
+        _mode("vllm@per_layer")
+    args = argparse.Namespace(store="/s", kv_block_layout="cross_layer")
+    assert gpu_native_path._child_args("vllm@hnd", args) == "vllm"
+    assert os.environ["VLLM_KV_CACHE_LAYOUT"] == "HND" and args.store == "/s-hnd"
+    args = argparse.Namespace(store="/s", kv_block_layout="cross_layer")
+    assert gpu_native_path._child_args("vlmcache@per_layer", args) == "vlmcache"
+    assert args.kv_block_layout == "per_layer" and args.store == "/s-per_layer"
 
 
 def test_a_repeat_runs_its_mode_on_a_store_of_its_own_shared_with_its_restart():
@@ -108,8 +134,8 @@ def _phases(monkeypatch, mode, admission):
     from vlmcache.bench import gpu_native_path
 
     monkeypatch.setattr(gpu_native_path, "Runner", _Runner)
-    args = argparse.Namespace(n=2, batch=2, settle=0.0, profile_dir="",
-                              admission_memory=admission, turns="", child=None,
+    args = argparse.Namespace(n=2, batch=2, settle=0.0, profile_dir="", profile_phases="",
+                              profile_native=False, admission_memory=admission, turns="", child=None,
                               batch_repeats=2)
     phases = list(gpu_native_path.run_mode(mode, args))
     # the plan a turn server aligns phases by is what the mode runs

@@ -42,3 +42,37 @@ def test_a_store_for_a_finished_request_is_refused_not_a_crash():
     guard.on_new_request(live)  # everything else goes through
     assert guard.prepare_store([b"k"], live).keys_to_store == [b"k"]
     assert guard.refused == 1
+
+
+def _engine(block_layout: str) -> SimpleNamespace:
+    return SimpleNamespace(
+        kv_transfer_config=SimpleNamespace(kv_connector_extra_config={
+            "vlmcache": {"kv_block_layout": block_layout}}),
+        attention_config=SimpleNamespace(hisparse_config=None))
+
+
+def test_per_layer_blocks_drop_the_connectors_layout_where_vllm_would_cross_layers(
+        monkeypatch):
+    from vllm.distributed.kv_transfer.kv_connector.v1.offloading_connector import (
+        OffloadingConnector,
+    )
+
+    from vlmcache.vllm import compat
+    from vlmcache.vllm.offload_connector import VlmCacheOffloadingConnector as Ours
+
+    vllms = OffloadingConnector.get_required_kvcache_layout(_engine("cross_layer"))
+    assert Ours.get_required_kvcache_layout(_engine("cross_layer")) == vllms
+    monkeypatch.setattr(compat, "vllm_version", lambda: (0, 26))
+    assert Ours.get_required_kvcache_layout(_engine("per_layer")) is None  # the backend's
+    monkeypatch.setattr(compat, "vllm_version", lambda: (0, 32))  # per layer already
+    assert Ours.get_required_kvcache_layout(_engine("per_layer")) == vllms
+    # the worker side tells vLLM whether to allocate one tensor across layers
+    assert Ours.prefer_cross_layer_blocks.fget(SimpleNamespace(_cross_layer=False)) is False
+
+
+def test_the_block_layout_is_validated_with_its_allowed_values():
+    from vlmcache.config import VlmCacheConfig
+    from vlmcache.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="per_layer.*cross_layer|cross_layer.*per_layer"):
+        VlmCacheConfig(kv_block_layout="sideways")

@@ -28,3 +28,25 @@ def test_tp_size_block_size_dtype_and_salt_each_change_the_namespace(tmp_path):
     }
     assert base not in others and len(others) == 5
     assert namespace_for_engine(engine_config(1), config).digest == base  # stable
+
+
+def test_how_the_kv_bytes_are_laid_out_changes_the_namespace(tmp_path, monkeypatch):
+    """Blocks across layers or per layer, and vLLM's dimension order: bytes laid out one way
+    must never load into an engine laid out another."""
+    from vlmcache.vllm import compat
+
+    monkeypatch.delenv("VLLM_KV_CACHE_LAYOUT", raising=False)
+    monkeypatch.setattr(compat, "vllm_version", lambda: (0, 26))  # cross-layer possible
+    config = VlmCacheConfig(store_path=str(tmp_path), model_revision="r1")
+
+    def digest(block_layout: str, order: str | None) -> str:
+        memory = compat.kv_memory_layout(block_layout, order)
+        return namespace_for_engine(engine_config(1), config, kv_memory=memory).digest
+
+    cross, per = digest("cross_layer", "HND"), digest("per_layer", None)
+    assert len({cross, per, digest("cross_layer", "NHD")}) == 3
+    monkeypatch.setenv("VLLM_KV_CACHE_LAYOUT", "NHD")  # the user's override wins
+    assert digest("cross_layer", "HND") == digest("cross_layer", "NHD") != cross
+    monkeypatch.delenv("VLLM_KV_CACHE_LAYOUT")
+    monkeypatch.setattr(compat, "vllm_version", lambda: (0, 32))  # always per layer
+    assert compat.kv_memory_layout("cross_layer", "LBHNC") == "blocks=per_layer;order=LBHNC"

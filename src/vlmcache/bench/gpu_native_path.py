@@ -48,7 +48,8 @@ from vlmcache.bench.gpu_native_summary import BASELINES, merge_files, merge_shap
 from vlmcache.bench.gpu_runner import Runner
 from vlmcache.bench.mode_procs import kill_running, run_group
 from vlmcache.bench.phase_timing import PhaseProfile
-from vlmcache.bench.turns import Turns, session_cpu_s
+from vlmcache.bench.proc_stats import busiest, session_cpu_s, thread_cpu_s
+from vlmcache.bench.turns import Turns
 from vlmcache.config import VlmCacheConfig
 
 MODES = ("vllm", "vlmcache", "vlmcache_restart", "native_cpu", "native_tiering",
@@ -56,16 +57,20 @@ MODES = ("vllm", "vlmcache", "vlmcache_restart", "native_cpu", "native_tiering",
 #: diagnostic, not judged: vLLM's tiering spec with its CPU tier alone (what vlmcache's
 #: spec adds its persistent tier to); vlmcache's engine wiring driven as plain vLLM (no
 #: front: what vlmcache's engine costs by itself); vlmcache with each request also sent as
-#: plain vLLM to the same engine, right before or after it (rows under ``plain``)
-DIAGNOSTIC_MODES = ("native_tiering_cpu", "native_wired", "vlmcache_ab")
+#: plain vLLM to the same engine, right before or after it (rows under ``plain``); vlmcache's
+#: engine, started by CachedLLM, sent plain vLLM requests only (is it the engine or the requests)
+DIAGNOSTIC_MODES = ("native_tiering_cpu", "native_wired", "vlmcache_ab", "vlmcache_plain")
 WARMUP_SEEDS = (9000, 9001, 9002)
 BATCH_SEED0 = 100
 #: seeds of the repeated first-sight batches (``miss_batch_2``, ...): other prompts each time
 BATCH_REPEAT_OFFSET = 1_000
 AGAIN_SEED_OFFSET = 20_000
 ADMISSIONS = ("always", "second_sight")
-#: ``vlmcache@memory``: CPU tier only (``disk_budget`` 0: no persistent tier, no I/O process)
-VARIANTS = ADMISSIONS + ("memory",)
+#: ``vlmcache@memory``: CPU tier only (``disk_budget`` 0: no persistent tier, no I/O process);
+#: ``vlmcache@per_layer`` / ``@cross_layer``: that ``kv_block_layout``
+VARIANTS = ADMISSIONS + ("memory", "per_layer", "cross_layer")
+#: any mode: vLLM's KV cache dimension order forced (``VLLM_KV_CACHE_LAYOUT``): ``vllm@hnd``
+ORDER_VARIANTS = ("nhd", "hnd")
 
 
 def _device() -> str:
@@ -105,11 +110,18 @@ def run_mode(mode: str, args: argparse.Namespace) -> dict[str, Any]:
 
     def timed(name: str, seed_list: Sequence[int], batched: bool = False) -> None:
         turns.phase(name)
+        threads0, held0 = thread_cpu_s(), turns.held_s
         if batched:
             out[name] = runner.batched(seed_list)
-            return
-        with PhaseProfile(args, f"{mode}-{name}"):  # the batch-1 phases are profiled
-            out[name] = runner.timed(seed_list)
+        else:
+            with PhaseProfile(args, f"{mode}-{name}", name):  # the batch-1 phases are profiled
+                out[name] = runner.timed(seed_list)
+        # CPU seconds of this mode's processes against the time it held the GPU: an engine
+        # that spins between its turns uses far more
+        threads = thread_cpu_s()
+        out[name]["cpu_s"] = round(sum(threads.values()) - sum(threads0.values()), 2)
+        out[name]["held_s"] = round(turns.held_s - held0, 2)
+        out[name]["cpu_by_thread"] = busiest(threads0, threads)
 
     try:
         runner.batched([s + 50_000 for s in batch])  # warms the batched shapes
@@ -171,9 +183,11 @@ def _mode(name: str) -> str:
     if base not in MODES + DIAGNOSTIC_MODES:
         raise argparse.ArgumentTypeError(
             f"unknown mode {base!r}: one of {', '.join(MODES + DIAGNOSTIC_MODES)}")
-    if at and (not base.startswith("vlmcache") or admission not in VARIANTS):
+    if at and admission not in ORDER_VARIANTS and (not base.startswith("vlmcache")
+                                                   or admission not in VARIANTS):
         raise argparse.ArgumentTypeError(
-            f"{name!r}: only vlmcache modes take @variant, one of {', '.join(VARIANTS)}")
+            f"{name!r}: a mode takes @{' or @'.join(ORDER_VARIANTS)}; vlmcache modes also "
+            f"@{', @'.join(VARIANTS)}")
     if mark and not (repeat.isdigit() and int(repeat) >= 2):
         raise argparse.ArgumentTypeError(f"{name!r}: a repeat is #2, #3, ...")
     return name
@@ -203,6 +217,11 @@ def _child_args(name: str, args: argparse.Namespace) -> str:
     base, _, variant = spec.partition("@")
     if variant == "memory":
         args.disk_bytes, args.store = 0, f"{args.store}-{variant}"
+    elif variant in ORDER_VARIANTS:  # read by vLLM in this process's engine
+        os.environ["VLLM_KV_CACHE_LAYOUT"] = variant.upper()
+        args.store = f"{args.store}-{variant}"
+    elif variant in ("per_layer", "cross_layer"):
+        args.kv_block_layout, args.store = variant, f"{args.store}-{variant}"
     elif variant:
         args.admission_memory, args.store = variant, f"{args.store}-{variant}"
     if repeat:
@@ -238,6 +257,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--flush-timeout", type=int, default=180,
                         help="seconds a finished mode's I/O process may take to write out")
     parser.add_argument("--out", default="benchmarks/results/gpu-native-path.json")
+    parser.add_argument("--profile-phases", default="",
+                        help="comma-separated: profile only these phases")
+    parser.add_argument("--profile-native", action="store_true",
+                        help="py-spy --native: C frames too (slower sampling)")
     parser.add_argument("--profile-dir", default="",
                         help="py-spy collapsed stacks of the batch-1 phases (py-spy on PATH)")
     parser.add_argument("--store", default="")
@@ -248,6 +271,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--admission-memory", default=VlmCacheConfig().admission_memory,
                         choices=ADMISSIONS,
                         help="vlmcache's admission to vLLM's CPU region (vlmcache modes)")
+    parser.add_argument("--kv-block-layout", default=VlmCacheConfig().kv_block_layout,
+                        choices=("per_layer", "cross_layer"),
+                        help="vlmcache's kv_block_layout (vlmcache modes, native_wired)")
     parser.add_argument("--merge", nargs="+", metavar="FILE",
                         help="merge these result files into --out, and run nothing")
     args = parser.parse_args(argv)

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from vlmcache.bench.phase_timing import OURS, PHASES, phase_medians, phases
+from vlmcache.bench.proc_stats import engine_core_cpu
 from vlmcache.bench.turns import Turns
 
 QUESTION = ("Describe the scene in this picture in detail: the objects, their colours and "
@@ -51,7 +52,8 @@ def _vlmcache_llm(args: argparse.Namespace, engine_args: dict[str, Any]) -> Any:
                             disk_budget=args.disk_bytes, enable_encoder_cache=False,
                             enable_exact=False, log_requests=False,
                             model_revision="dummy-weights", kv_io_threads=args.kv_io_threads,
-                            admission_memory=args.admission_memory)
+                            admission_memory=args.admission_memory,
+                            kv_block_layout=args.kv_block_layout)
     return CachedLLM(args.geometry, config, engine_args=engine_args)
 
 
@@ -66,7 +68,8 @@ def _native_llm(mode: str, args: argparse.Namespace, engine_args: dict[str, Any]
         config = VlmCacheConfig(store_path=args.store, memory_budget=args.cpu_bytes,
                                 disk_budget=args.disk_bytes, enable_encoder_cache=False,
                                 model_revision="dummy-weights", kv_io_threads=args.kv_io_threads,
-                                admission_memory=args.admission_memory)
+                                admission_memory=args.admission_memory,
+                                kv_block_layout=args.kv_block_layout)
         engine_args.update(engine_wiring(config, _device_type()).llm_kwargs(block_size=False))
     elif mode == "native_cpu":
         engine_args["kv_offloading_size"] = args.cpu_bytes / 1024**3
@@ -110,6 +113,8 @@ class Runner:
         self.turns = turns
         # diagnostic: each request also sent as plain vLLM on the same engine (vlmcache_ab)
         self.ab, self.plain_facts = mode == "vlmcache_ab", []
+        # diagnostic: vlmcache's engine (started by CachedLLM) sent plain vLLM requests only
+        self.plain_only = mode == "vlmcache_plain"
         self.prompt, self.side = _prompt(Path(args.geometry))
         self.store, self.block_size = args.store, args.block_size
         self.params = SamplingParams(temperature=0.0, max_tokens=1)
@@ -131,6 +136,8 @@ class Runner:
         images nor the benchmark's own look at the store)."""
         images = [_image(s, self.side) for s in seeds]
         with self.turns.turn():
+            if self.plain_only:
+                return self._plain(images, params or self.params)
             if not self.ab:
                 return self._generate(images, params or self.params)
             plain_first = len(self.plain_facts) % 2 == 1  # neither kind always goes first
@@ -190,6 +197,7 @@ class Runner:
         for s in seeds:
             facts += self.generate([s])
             ms.append(facts[-1]["wall_s"] * 1e3)
+            facts[-1]["core"] = engine_core_cpu()  # where its engine's main thread ran
         out = _timed_summary(ms, facts)
         if self.plain_facts:
             out["plain"] = _timed_summary([f["wall_s"] * 1e3 for f in self.plain_facts],
@@ -218,7 +226,8 @@ class Runner:
 def _timed_summary(ms: list[float], facts: list[dict[str, Any]]) -> dict[str, Any]:
     return {"median_ms": round(statistics.median(ms), 2), "min_ms": round(min(ms), 2),
             "all_ms": [round(m, 2) for m in ms], **_token_summary(facts),
-            "phases_ms": [{k: round(f[k], 2) for k in PHASES + OURS if k in f} for f in facts]}
+            "phases_ms": [{**{k: round(f[k], 2) for k in PHASES + OURS if k in f},
+                           "core": f.get("core")} for f in facts]}
 
 
 def _token_summary(facts: list[dict[str, Any]]) -> dict[str, Any]:

@@ -40,10 +40,14 @@ def phase_medians(facts: list[dict[str, Any]]) -> dict[str, float]:
 class PhaseProfile:
     """``py-spy record`` of this process and its children (the EngineCore, the I/O
     process) over one phase, as collapsed stacks, when ``--profile-dir`` is given and
-    ``py-spy`` is on PATH."""
+    ``py-spy`` is on PATH (``--profile-phases``: only those; ``--profile-native``: with C
+    frames, at a lower rate: unwinding them is slow)."""
 
-    def __init__(self, args: argparse.Namespace, name: str) -> None:
-        self.path = Path(args.profile_dir) / f"{name}.txt" if args.profile_dir else None
+    def __init__(self, args: argparse.Namespace, name: str, phase: str = "") -> None:
+        wanted = not args.profile_phases or phase in args.profile_phases.split(",")
+        self.native = bool(args.profile_native)
+        self.path = (Path(args.profile_dir) / f"{name}.txt"
+                     if args.profile_dir and wanted else None)
         self.proc: subprocess.Popen[bytes] | None = None
 
     def __enter__(self) -> "PhaseProfile":
@@ -53,10 +57,13 @@ class PhaseProfile:
         if self.path is None or exe is None:
             return self
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.proc = subprocess.Popen(
-            [exe, "record", "--pid", str(os.getpid()), "--subprocesses", "--idle",
-             "--threads", "--nonblocking", "--rate", "500", "--format", "raw",
-             "-o", str(self.path)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        # py-spy unwinds C frames only from a stopped process: --native samples block
+        how = ["--native", "--rate", "100"] if self.native else ["--nonblocking", "--rate", "500"]
+        with open(self.path.with_suffix(".err"), "wb") as err:  # why a profile is missing
+            self.proc = subprocess.Popen(
+                [exe, "record", "--pid", str(os.getpid()), "--subprocesses", "--idle",
+                 "--threads", *how, "--format", "raw", "-o", str(self.path)],
+                stdout=subprocess.DEVNULL, stderr=err)
         time.sleep(1.0)  # attached before the phase starts
         return self
 

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import random
 import socket
 import threading
@@ -229,21 +228,3 @@ class Turns:
         got = self._lines.readline().strip()
         if got != word:
             raise RuntimeError(f"turn server: expected {word!r}, got {got!r}")
-
-
-def session_cpu_s() -> float:
-    """CPU seconds used so far by this process's session (a mode's process, its engine's
-    processes): with engines taking turns, far more than the time this mode held its turns
-    means an engine spun while it waited, and slowed the others."""
-    sid, total, tick = os.getsid(0), 0, os.sysconf("SC_CLK_TCK")
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[3]) == sid:  # fields after the name: state, ppid, pgrp, session, ...
-            total += int(fields[11]) + int(fields[12])  # utime, stime
-    return total / tick

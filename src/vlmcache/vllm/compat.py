@@ -95,3 +95,24 @@ class FinishedRequestGuard:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
+
+
+# ---- the GPU KV cache's memory layout: 0.26 (cross-layer blocks) -> 0.32 (per layer) ------
+
+
+def cross_layer_blocks_possible() -> bool:
+    """Whether vLLM can lay one block's KV of all layers out together (0.26 does for
+    offloading connectors; 0.32 keeps a tensor per layer)."""
+    return vllm_version() < (0, 30)
+
+
+def kv_memory_layout(block_layout: str, required_order: str | None) -> str:
+    """What a KV block's bytes look like in this engine: per layer or across layers, and
+    the dimension order (``VLLM_KV_CACHE_LAYOUT`` wins over what the connector asks for;
+    neither: the attention backends' ``NHD``). Part of every persisted KV key: bytes laid
+    out one way must never load into an engine laid out another."""
+    import os
+
+    order = os.environ.get("VLLM_KV_CACHE_LAYOUT") or required_order or "NHD"
+    blocks = block_layout if cross_layer_blocks_possible() else "per_layer"
+    return f"blocks={blocks};order={order}"

@@ -36,14 +36,16 @@ def write_logging_config(path: Path, level: str = "INFO") -> Path:
 
 
 def attach_to_vllm_logging(level: int = logging.INFO) -> None:
-    """Give the ``vlmcache`` logger vLLM's handlers if it has none (idempotent). Its records
-    still reach the root logger where that has handlers of its own (an application's, a test
-    runner's); in vLLM's processes it has none, and nothing is printed twice."""
+    """Show the ``vlmcache`` logger's lines through vLLM's handlers (idempotent), unless
+    logging is configured already: the logger has handlers, or the root logger has (an
+    application's, a test runner's), whose choice then stands. Once attached, records no
+    longer propagate: a library that later calls ``logging.basicConfig`` in an engine
+    process (one does, on vLLM 0.26 GPU engines) would otherwise print every line twice."""
     ours = logging.getLogger(LOGGER)
-    if ours.handlers:
+    if ours.handlers or logging.getLogger().handlers:
         return
     for handler in logging.getLogger("vllm").handlers:
         ours.addHandler(handler)
     if ours.handlers:
         ours.setLevel(level)
-        ours.propagate = bool(logging.getLogger().handlers)
+        ours.propagate = False

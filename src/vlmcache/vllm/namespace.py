@@ -48,8 +48,9 @@ def namespace_for_model(model: str, config: VlmCacheConfig, *, revision: str | N
 
 
 def namespace_for_engine(vllm_config: Any, config: VlmCacheConfig, *,
-                         encoder: bool = False) -> Namespace:
-    """Namespace of the engine ``vllm_config`` describes (its KV or its encoder outputs)."""
+                         encoder: bool = False, kv_memory: str = "") -> Namespace:
+    """Namespace of the engine ``vllm_config`` describes (its KV, whose bytes are laid out
+    as ``kv_memory`` says, or its encoder outputs)."""
     model_config = vllm_config.model_config
     cache_config = vllm_config.cache_config
     parallel = vllm_config.parallel_config
@@ -58,7 +59,7 @@ def namespace_for_engine(vllm_config: Any, config: VlmCacheConfig, *,
     else:
         layout = (f"block={cache_config.block_size};kv_dtype={cache_config.cache_dtype};"
                   f"dtype={model_config.dtype};tp={parallel.tensor_parallel_size};"
-                  f"pp={parallel.pipeline_parallel_size}")
+                  f"pp={parallel.pipeline_parallel_size}" + (f";{kv_memory}" if kv_memory else ""))
     load_format = str(getattr(vllm_config.load_config, "load_format", ""))
     return namespace_for_model(model_config.model, config,
                                revision=getattr(model_config, "revision", None),

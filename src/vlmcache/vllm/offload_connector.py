@@ -75,8 +75,11 @@ class VlmCacheOffloadingConnector(OffloadingConnector):
         # only second-sight admission reads which chunks a request found on the GPU
         self._note_resident = config.admission_memory == "second_sight"
         self._runtime: SchedulerRuntime | None = None
+        self._cross_layer = config.kv_block_layout == "cross_layer"
         if role == KVConnectorRole.SCHEDULER:
-            namespace = namespace_for_engine(vllm_config, config)
+            memory = compat.kv_memory_layout(config.kv_block_layout,
+                                             self.get_required_kvcache_layout(vllm_config))
+            namespace = namespace_for_engine(vllm_config, config, kv_memory=memory)
             extra[NAMESPACE_KEY] = namespace.digest  # read by the spec, in this process
             self._runtime = runtime_for(self._engine_id, config)
             self._runtime.namespace_digest = namespace.digest
@@ -88,6 +91,23 @@ class VlmCacheOffloadingConnector(OffloadingConnector):
         super().__init__(vllm_config, role, kv_cache_config)
         self._tracks: dict[str, _RequestTrack] = {}
         self._last_step: tuple[float, int, frozenset[str]] | None = None
+
+    # ---- the GPU KV cache's layout (read by vLLM when it allocates the cache) ---------------
+
+    @property
+    def prefer_cross_layer_blocks(self) -> bool:
+        return self._cross_layer
+
+    @classmethod
+    def get_required_kvcache_layout(cls, vllm_config: Any) -> str | None:
+        """vLLM's offloading connector's layout, or with ``kv_block_layout: per_layer`` on a
+        vLLM that would lay blocks out across layers, none: the attention backend's own."""
+        transfer = vllm_config.kv_transfer_config
+        extra = getattr(transfer, "kv_connector_extra_config", None) or {}
+        if (compat.cross_layer_blocks_possible()
+                and vlmcache_config(extra).kv_block_layout == "per_layer"):
+            return None
+        return super().get_required_kvcache_layout(vllm_config)
 
     # ---- scheduler side: observe, then delegate ---------------------------------------------
 
