@@ -67,16 +67,14 @@ def test_only_the_phases_asked_for_are_profiled(tmp_path):
     assert picked.path == tmp_path / "vllm-gpu_hit_again.txt" and picked.native
 
 
-def test_a_layout_variant_sets_vllms_order_or_vlmcaches_block_layout(monkeypatch):
+def test_a_layout_variant_sets_vllms_order_or_vlmcaches_block_layout(tmp_path):
     from vlmcache.bench import gpu_native_path
 
-    monkeypatch.setenv("VLLM_KV_CACHE_LAYOUT", "NHD")  # restored (or unset) afterwards
     assert _mode("vllm@hnd") == "vllm@hnd" and _mode("vlmcache@per_layer")
     with pytest.raises(argparse.ArgumentTypeError, match="vlmcache modes also"):
         _mode("vllm@per_layer")
     args = argparse.Namespace(store="/s", kv_block_layout="cross_layer")
-    assert gpu_native_path._child_args("vllm@hnd", args) == "vllm"
-    assert os.environ["VLLM_KV_CACHE_LAYOUT"] == "HND" and args.store == "/s-hnd"
+    assert gpu_native_path._child_args("vllm@hnd", args) == "vllm" and args.store == "/s-hnd"
     args = argparse.Namespace(store="/s", kv_block_layout="cross_layer")
     assert gpu_native_path._child_args("vlmcache@per_layer", args) == "vlmcache"
     assert args.kv_block_layout == "per_layer" and args.store == "/s-per_layer"
@@ -174,3 +172,27 @@ def test_groups_run_at_once_but_a_restart_comes_after_its_capture():
         _groups("vlmcache+vlmcache_restart")
     with pytest.raises(SystemExit, match="named twice"):
         _groups("vllm+vlmcache,vllm")
+
+
+def test_an_environment_variant_starts_its_mode_with_that_environment(tmp_path, monkeypatch):
+    """``vllm@hnd`` / ``vlmcache@malloc``: set before the mode's interpreter starts (CPython
+    reads PYTHONMALLOC only then)."""
+    from vlmcache.bench import mode_procs
+
+    seen = {}
+
+    class _Popen:
+        pid = 0
+
+        def __init__(self, cmd, env, **kwargs):
+            seen[cmd[cmd.index("--child") + 1]] = env
+
+    monkeypatch.setattr(mode_procs.subprocess, "Popen", _Popen)
+    monkeypatch.setattr(mode_procs, "_RUNNING", [])
+    args = argparse.Namespace(work=str(tmp_path))
+    for mode in ("vlmcache@malloc#2", "vllm@hnd", "vllm"):
+        mode_procs._start(mode, args, [])
+    assert seen["vlmcache@malloc#2"]["PYTHONMALLOC"] == "malloc"
+    assert seen["vllm@hnd"]["VLLM_KV_CACHE_LAYOUT"] == "HND"
+    assert "PYTHONMALLOC" not in seen["vllm"] or os.environ.get("PYTHONMALLOC")
+    assert all(env["PYTHONHASHSEED"] == "0" for env in seen.values())

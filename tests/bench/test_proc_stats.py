@@ -2,7 +2,13 @@ import subprocess
 import sys
 import time
 
-from vlmcache.bench.proc_stats import busiest, engine_core_cpu, session_cpu_s, thread_cpu_s
+from vlmcache.bench.proc_stats import (
+    busiest,
+    engine_core_cpu,
+    minor_faults,
+    session_cpu_s,
+    thread_cpu_s,
+)
 
 
 def _spin(seconds: float) -> None:
@@ -53,3 +59,16 @@ def test_the_engine_core_childs_core_is_found_by_its_name():
     finally:
         child.kill()
         child.wait()
+
+
+def test_touching_fresh_memory_counts_minor_faults_of_this_process():
+    import mmap
+    import os
+
+    before = minor_faults()
+    region = mmap.mmap(-1, 64 * mmap.PAGESIZE)
+    for page in range(64):
+        region[page * mmap.PAGESIZE] = 1
+    region.close()
+    me = [(k, v) for k, v in busiest(before, minor_faults()) if k.endswith(f":{os.getpid()}")]
+    assert me and me[0][1] >= 64

@@ -46,9 +46,9 @@ from typing import Any, Sequence
 
 from vlmcache.bench.gpu_native_summary import BASELINES, merge_files, merge_shape
 from vlmcache.bench.gpu_runner import Runner
-from vlmcache.bench.mode_procs import kill_running, run_group
+from vlmcache.bench.mode_procs import VARIANT_ENV, kill_running, run_group
 from vlmcache.bench.phase_timing import PhaseProfile
-from vlmcache.bench.proc_stats import busiest, session_cpu_s, thread_cpu_s
+from vlmcache.bench.proc_stats import busiest, minor_faults, session_cpu_s, thread_cpu_s
 from vlmcache.bench.turns import Turns
 from vlmcache.config import VlmCacheConfig
 
@@ -69,8 +69,9 @@ ADMISSIONS = ("always", "second_sight")
 #: ``vlmcache@memory``: CPU tier only (``disk_budget`` 0: no persistent tier, no I/O process);
 #: ``vlmcache@per_layer`` / ``@cross_layer``: that ``kv_block_layout``
 VARIANTS = ADMISSIONS + ("memory", "per_layer", "cross_layer")
-#: any mode: vLLM's KV cache dimension order forced (``VLLM_KV_CACHE_LAYOUT``): ``vllm@hnd``
-ORDER_VARIANTS = ("nhd", "hnd")
+#: any mode: its processes started with ``mode_procs.VARIANT_ENV`` (``vllm@hnd``,
+#: ``vlmcache@malloc``)
+ORDER_VARIANTS = tuple(VARIANT_ENV)
 
 
 def _device() -> str:
@@ -110,7 +111,7 @@ def run_mode(mode: str, args: argparse.Namespace) -> dict[str, Any]:
 
     def timed(name: str, seed_list: Sequence[int], batched: bool = False) -> None:
         turns.phase(name)
-        threads0, held0 = thread_cpu_s(), turns.held_s
+        threads0, faults0, held0 = thread_cpu_s(), minor_faults(), turns.held_s
         if batched:
             out[name] = runner.batched(seed_list)
         else:
@@ -122,6 +123,7 @@ def run_mode(mode: str, args: argparse.Namespace) -> dict[str, Any]:
         out[name]["cpu_s"] = round(sum(threads.values()) - sum(threads0.values()), 2)
         out[name]["held_s"] = round(turns.held_s - held0, 2)
         out[name]["cpu_by_thread"] = busiest(threads0, threads)
+        out[name]["minor_faults_by_process"] = busiest(faults0, minor_faults())
 
     try:
         runner.batched([s + 50_000 for s in batch])  # warms the batched shapes
@@ -217,8 +219,7 @@ def _child_args(name: str, args: argparse.Namespace) -> str:
     base, _, variant = spec.partition("@")
     if variant == "memory":
         args.disk_bytes, args.store = 0, f"{args.store}-{variant}"
-    elif variant in ORDER_VARIANTS:  # read by vLLM in this process's engine
-        os.environ["VLLM_KV_CACHE_LAYOUT"] = variant.upper()
+    elif variant in ORDER_VARIANTS:  # its environment was set when it started
         args.store = f"{args.store}-{variant}"
     elif variant in ("per_layer", "cross_layer"):
         args.kv_block_layout, args.store = variant, f"{args.store}-{variant}"

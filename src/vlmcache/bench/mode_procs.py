@@ -16,6 +16,11 @@ from pathlib import Path
 from typing import Any
 
 HASH_ENV = {"PYTHONHASHSEED": "0"}  # vLLM's block hashes reproducible across restarts
+#: ``MODE@variant`` run with these in its environment (read when its processes start):
+#: vLLM's KV dimension order forced, or CPython's small-object allocator off (run k's native
+#: stacks showed vlmcache's EngineCore mapping and unmapping memory inside attention layers)
+VARIANT_ENV = {"nhd": {"VLLM_KV_CACHE_LAYOUT": "NHD"}, "hnd": {"VLLM_KV_CACHE_LAYOUT": "HND"},
+               "malloc": {"PYTHONMALLOC": "malloc"}}
 #: what a mode's process runs (its mode and arguments follow)
 CHILD_CMD = (sys.executable, "-m", "vlmcache.bench.gpu_native_path")
 #: the end of a finished mode's log kept beside its result (``MODE.log`` in ``--work``)
@@ -76,7 +81,8 @@ def _start(mode: str, args: argparse.Namespace, forwarded: list[str],
     out = Path(args.work) / f"{mode}.json"
     out.unlink(missing_ok=True)
     cmd = [*CHILD_CMD, "--child", mode, "--child-out", str(out), *forwarded]
-    env = {**os.environ, **HASH_ENV}
+    variant = mode.partition("#")[0].partition("@")[2]
+    env = {**os.environ, **HASH_ENV, **VARIANT_ENV.get(variant, {})}
     pin = (lambda: os.sched_setaffinity(0, cpus)) if cpus else None
     # its own session: a timed-out mode's engine processes (which hold the GPU) die with it
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,

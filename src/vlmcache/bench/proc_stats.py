@@ -62,6 +62,19 @@ def thread_cpu_s() -> Counter[str]:
     return out
 
 
+def minor_faults() -> Counter[str]:
+    """Minor page faults so far of each process of this session, keyed ``name:pid``: a
+    process that keeps mapping fresh memory (an allocator returning arenas to the kernel and
+    taking them back, as run k's native stacks suggest for vlmcache's EngineCore) faults on
+    every page it touches again."""
+    out: Counter[str] = Counter()
+    for pid, name in _session_pids():
+        got = _stat_fields(f"/proc/{pid}/stat")
+        if got is not None:
+            out[f"{name}:{pid}"] += int(got[1][7])  # field 10: minflt
+    return out
+
+
 def busiest(before: Counter[str], after: Counter[str], top: int = TOP_THREADS) -> list[
         tuple[str, float]]:
     """The threads that used the most CPU between two :func:`thread_cpu_s` snapshots."""
