@@ -39,7 +39,7 @@ def test_ab_mode_sends_each_request_both_ways_taking_turns_at_going_first():
 
     runner = object.__new__(Runner)  # the engine-free parts of a vlmcache_ab runner
     runner.turns, runner.ab, runner.plain_facts = Turns("", "x", []), True, []
-    runner.side, runner.params = 8, None
+    runner.side, runner.params, runner.plain_only = 8, None, False
     order = []
     timing = {"front_ms": 3.0, "queue_ms": 0.0, "engine_ms": 9.0, "return_ms": 1.0}
 
@@ -58,3 +58,20 @@ def test_ab_mode_sends_each_request_both_ways_taking_turns_at_going_first():
     assert out["median_ms"] == 15.0 and out["tokens_from_prefix_cache"] == 672
     assert out["plain"]["median_ms"] == 13.0 and out["plain"]["tokens_cached"] == 672
     assert len(out["plain"]["all_ms"]) == 4
+
+
+def test_plain_only_mode_sends_plain_requests_to_vlmcaches_engine():
+    from vlmcache.bench.gpu_runner import Runner
+    from vlmcache.bench.turns import Turns
+
+    runner = object.__new__(Runner)  # a vlmcache_plain runner, engine-free
+    runner.turns, runner.ab, runner.plain_facts = Turns("", "x", []), False, []
+    runner.side, runner.params, runner.plain_only = 8, None, True
+    order = []
+    timing = {"front_ms": 3.0, "queue_ms": 0.0, "engine_ms": 9.0, "return_ms": 1.0}
+    runner._generate = lambda images, params: order.append("cached") or []
+    runner._plain = lambda images, params: order.append("plain") or [
+        {"wall_s": 0.013, "prompt": 680, "cached": 672, **timing}]
+    out = runner.timed([1, 2])
+    assert order == ["plain", "plain"] and out["tokens_cached"] == 672
+    assert all("core" in p for p in out["phases_ms"])  # where its engine's thread ran
