@@ -42,7 +42,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Sequence, get_args
 
 from vlmcache.bench.gpu_native_summary import BASELINES, merge_files, merge_shape
 from vlmcache.bench.gpu_runner import Runner
@@ -50,7 +50,7 @@ from vlmcache.bench.mode_procs import VARIANT_ENV, kill_running, run_group
 from vlmcache.bench.phase_timing import PhaseProfile
 from vlmcache.bench.proc_stats import busiest, minor_faults, session_cpu_s, thread_cpu_s
 from vlmcache.bench.turns import Turns
-from vlmcache.config import VlmCacheConfig
+from vlmcache.config import KvBlockLayout, VlmCacheConfig
 
 MODES = ("vllm", "vlmcache", "vlmcache_restart", "native_cpu", "native_tiering",
          "native_tiering_restart", "vllm_repeat")
@@ -68,7 +68,8 @@ AGAIN_SEED_OFFSET = 20_000
 ADMISSIONS = ("always", "second_sight")
 #: ``vlmcache@memory``: CPU tier only (``disk_budget`` 0: no persistent tier, no I/O process);
 #: ``vlmcache@per_layer`` / ``@cross_layer``: that ``kv_block_layout``
-VARIANTS = ADMISSIONS + ("memory", "per_layer", "cross_layer")
+LAYOUTS: tuple[str, ...] = get_args(KvBlockLayout)
+VARIANTS = ADMISSIONS + ("memory",) + LAYOUTS
 #: any mode: its processes started with ``mode_procs.VARIANT_ENV`` (``vllm@hnd``,
 #: ``vlmcache@malloc``)
 ORDER_VARIANTS = tuple(VARIANT_ENV)
@@ -221,7 +222,7 @@ def _child_args(name: str, args: argparse.Namespace) -> str:
         args.disk_bytes, args.store = 0, f"{args.store}-{variant}"
     elif variant in ORDER_VARIANTS:  # its environment was set when it started
         args.store = f"{args.store}-{variant}"
-    elif variant in ("per_layer", "cross_layer"):
+    elif variant in LAYOUTS:
         args.kv_block_layout, args.store = variant, f"{args.store}-{variant}"
     elif variant:
         args.admission_memory, args.store = variant, f"{args.store}-{variant}"
@@ -273,7 +274,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                         choices=ADMISSIONS,
                         help="vlmcache's admission to vLLM's CPU region (vlmcache modes)")
     parser.add_argument("--kv-block-layout", default=VlmCacheConfig().kv_block_layout,
-                        choices=("per_layer", "cross_layer"),
+                        choices=LAYOUTS,
                         help="vlmcache's kv_block_layout (vlmcache modes, native_wired)")
     parser.add_argument("--merge", nargs="+", metavar="FILE",
                         help="merge these result files into --out, and run nothing")

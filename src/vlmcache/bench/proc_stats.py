@@ -38,11 +38,22 @@ def _session_pids() -> list[tuple[int, str]]:
     return pids
 
 
+def _process_stats() -> dict[str, tuple[float, int]]:
+    """(CPU seconds, minor faults) so far of each process of this session, keyed ``name:pid``
+    (a process's CPU time includes its threads that have ended)."""
+    tick, out = os.sysconf("SC_CLK_TCK"), {}
+    for pid, name in _session_pids():
+        got = _stat_fields(f"/proc/{pid}/stat")
+        if got is not None:  # fields 10, 14, 15: minflt, utime, stime
+            out[f"{name}:{pid}"] = ((int(got[1][11]) + int(got[1][12])) / tick, int(got[1][7]))
+    return out
+
+
 def session_cpu_s() -> float:
     """CPU seconds used so far by this process's session (a mode's process, its engine's
     processes): with engines taking turns, far more than the time this mode held its turns
     means an engine spun while it waited, and slowed the others."""
-    return sum(thread_cpu_s().values())
+    return sum(cpu for cpu, _ in _process_stats().values())
 
 
 def thread_cpu_s() -> Counter[str]:
@@ -67,17 +78,13 @@ def minor_faults() -> Counter[str]:
     process that keeps mapping fresh memory (an allocator returning arenas to the kernel and
     taking them back, as run k's native stacks suggest for vlmcache's EngineCore) faults on
     every page it touches again."""
-    out: Counter[str] = Counter()
-    for pid, name in _session_pids():
-        got = _stat_fields(f"/proc/{pid}/stat")
-        if got is not None:
-            out[f"{name}:{pid}"] += int(got[1][7])  # field 10: minflt
-    return out
+    return Counter({k: faults for k, (_, faults) in _process_stats().items()})
 
 
 def busiest(before: Counter[str], after: Counter[str], top: int = TOP_THREADS) -> list[
         tuple[str, float]]:
-    """The threads that used the most CPU between two :func:`thread_cpu_s` snapshots."""
+    """The keys that grew the most between two snapshots (:func:`thread_cpu_s`,
+    :func:`minor_faults`)."""
     spent = Counter({k: v - before.get(k, 0.0) for k, v in after.items()})
     return [(k, round(v, 3)) for k, v in spent.most_common(top) if v > 0]
 
