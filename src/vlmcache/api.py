@@ -27,6 +27,7 @@ from vlmcache.keys import image_content_hash, image_uuid, tenant_cache_salt
 from vlmcache.report import EncoderReuse, KVReuse, ReuseReport, build_report
 from vlmcache.vllm.engine_config import engine_wiring
 from vlmcache.vllm.namespace import namespace_for_model
+from vlmcache.vllm.stack_room import call_with_stack_room
 
 logger = logging.getLogger(__name__)
 
@@ -154,7 +155,8 @@ class CachedLLM:
             args.update(wiring.llm_kwargs(block_size=False))
         if self.config.block_size is not None:
             args.setdefault("block_size", self.config.block_size)
-        return LLM(model=self.model, **args)
+        # the engine's step loop (in its forked EngineCore) inside one roomy stack chunk
+        return call_with_stack_room(lambda: LLM(model=self.model, **args))
 
     def generate(self, requests: Sequence[VlmRequest | str], sampling_params: Any = None,
                  *, bypass: bool = False) -> list[CachedOutput]:

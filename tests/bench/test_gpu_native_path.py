@@ -88,16 +88,20 @@ def test_a_repeat_runs_its_mode_on_a_store_of_its_own_shared_with_its_restart():
         _mode("vllm#x")
     stores = {}
     for name in ("vlmcache#2", "vlmcache_restart#2", "vlmcache@always#3", "vllm",
-                 "vlmcache@memory"):
+                 "vlmcache@memory", "vlmcache@tight"):
         args = argparse.Namespace(store="/w/store", admission_memory="second_sight",
-                                  disk_bytes=50)
+                                  disk_bytes=50, stack_room=True)
         stores[name] = (_child_args(name, args), args.store, args.admission_memory)
         assert args.disk_bytes == (0 if name.endswith("@memory") else 50)
+        assert args.stack_room is not name.endswith("@tight")
     assert stores["vlmcache#2"] == ("vlmcache", "/w/store-r2", "second_sight")
     assert stores["vlmcache_restart#2"][1] == "/w/store-r2"
     assert stores["vlmcache@always#3"] == ("vlmcache", "/w/store-always-r3", "always")
     assert stores["vllm"] == ("vllm", "/w/store", "second_sight")
     assert stores["vlmcache@memory"] == ("vlmcache", "/w/store-memory", "second_sight")
+    assert stores["vlmcache@tight"] == ("vlmcache", "/w/store-tight", "second_sight")
+    with pytest.raises(argparse.ArgumentTypeError, match="vlmcache modes also"):
+        _mode("vllm@tight")
 
 
 class _Runner:

@@ -67,9 +67,10 @@ BATCH_REPEAT_OFFSET = 1_000
 AGAIN_SEED_OFFSET = 20_000
 ADMISSIONS = ("always", "second_sight")
 #: ``vlmcache@memory``: CPU tier only (``disk_budget`` 0: no persistent tier, no I/O process);
-#: ``vlmcache@per_layer`` / ``@cross_layer``: that ``kv_block_layout``
+#: ``vlmcache@per_layer`` / ``@cross_layer``: that ``kv_block_layout``; ``vlmcache@tight``:
+#: its engine started without room on CPython's frame stack (``vllm/stack_room.py``)
 LAYOUTS: tuple[str, ...] = get_args(KvBlockLayout)
-VARIANTS = ADMISSIONS + ("memory",) + LAYOUTS
+VARIANTS = ADMISSIONS + ("memory", "tight") + LAYOUTS
 #: any mode: its processes started with ``mode_procs.VARIANT_ENV`` (``vllm@hnd``,
 #: ``vlmcache@malloc``)
 ORDER_VARIANTS = tuple(VARIANT_ENV)
@@ -220,6 +221,8 @@ def _child_args(name: str, args: argparse.Namespace) -> str:
     base, _, variant = spec.partition("@")
     if variant == "memory":
         args.disk_bytes, args.store = 0, f"{args.store}-{variant}"
+    elif variant == "tight":
+        args.stack_room, args.store = False, f"{args.store}-{variant}"
     elif variant in ORDER_VARIANTS:  # its environment was set when it started
         args.store = f"{args.store}-{variant}"
     elif variant in LAYOUTS:
@@ -268,6 +271,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--store", default="")
     parser.add_argument("--work", default="")
     parser.add_argument("--child", type=_mode, help=argparse.SUPPRESS)
+    parser.set_defaults(stack_room=True)  # False in vlmcache@tight
     parser.add_argument("--child-out", help=argparse.SUPPRESS)
     parser.add_argument("--turns", default="", help=argparse.SUPPRESS)
     parser.add_argument("--admission-memory", default=VlmCacheConfig().admission_memory,

@@ -44,9 +44,17 @@ def _engine_args(args: argparse.Namespace) -> dict[str, Any]:
             "disable_log_stats": False}  # per-request engine timestamps (where time goes)
 
 
+def _direct_call(fn: Any) -> Any:
+    return fn()
+
+
 def _vlmcache_llm(args: argparse.Namespace, engine_args: dict[str, Any]) -> Any:
+    import vlmcache.api
     from vlmcache.api import CachedLLM
     from vlmcache.config import VlmCacheConfig
+
+    if not args.stack_room:  # diagnostic (vlmcache@tight): the engine started as before
+        vlmcache.api.call_with_stack_room = _direct_call
 
     config = VlmCacheConfig(store_path=args.store, memory_budget=args.cpu_bytes,
                             disk_budget=args.disk_bytes, enable_encoder_cache=False,
