@@ -118,7 +118,12 @@ def test_plan_skips_the_whole_prefix_when_recompute_is_cheaper(tmp_path):
     assert decision is not None and decision.choice == "skip"
     assert decision.tokens == 32 and decision.nbytes == 2 * ROW  # the prefix, not one row
     assert not skip.lookup(b"k0", "r")
-    assert skip.plan("r2", [b"nothing"]) is None
+    # nothing stored, and loading would lose: a skip the report shows (the tier never
+    # writes such rows, a restart must still say why nothing was loaded)
+    nothing = skip.plan("r2", [b"nothing", b"nothing2"])
+    assert nothing is not None and nothing.choice == "skip" and nothing.tokens == 32
+    assert not skip.lookup(b"nothing", "r2")
+    assert skip.ledger.pop("r2").to_params()["cost_model_choice"] == "skip"
 
 
 @pytest.mark.parametrize("bad", ['{"job": 1, "kind": "delete", "keys": [], "rows": []}',

@@ -235,7 +235,7 @@ class VlmCacheOffloadingConnector(OffloadingConnector):
             ours.update(tier.to_params())
             ours["load_failed_blocks"] = tier.chunks_failed
             ours["blocks_saved"] = tier.stored_chunks
-            if tier.decision is not None:
+            if tier.decision is not None and tier.chunks_found:  # what plan() logged, settled
                 logger.info("vlmcache KV: request %s: %s", request.request_id,
                             tier.decision.reason)
         return {**(params or {}), PARAMS_KEY: ours}

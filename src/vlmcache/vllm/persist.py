@@ -154,8 +154,10 @@ class PersistentKV:
 
     def plan(self, req_id: str, offload_keys: Sequence[bytes]) -> CostDecision | None:
         """Decide load-or-skip once for ``req_id``'s stored prefix (``offload_keys``: its
-        chunks not already in vLLM's GPU cache, in order); ``None`` when nothing is stored
-        (the request's lookups then miss without asking the store again)."""
+        chunks not already in vLLM's GPU cache, in order). With nothing stored: a skip
+        where loading all of them would lose (the tier never writes such rows, so the
+        ReuseReport says why nothing was loaded), else ``None`` (a plain miss). Either way
+        the request's lookups then miss without asking the store again."""
         stored = 0
         for key in offload_keys:
             if not self._index.contains(self.key_for(key)):
@@ -163,12 +165,17 @@ class PersistentKV:
             stored += 1
         report = self.ledger.get(req_id)
         report.planned = True
-        if not stored:
+        n = stored or len(offload_keys)
+        if not n:
             return None
-        decision = self.cost.decide(stored * self.tokens_per_chunk, stored * self.row_bytes)
+        decision = self.cost.decide(n * self.tokens_per_chunk, n * self.row_bytes)
+        if not stored and decision.choice == "load":
+            return None
         report.decision = decision
-        logger.info("vlmcache KV tier: request %s: %s %d stored chunks (%s)", req_id,
-                    decision.choice, stored, decision.reason)
+        # a request with nothing stored logs nothing: the tier said why it writes no rows
+        if stored:
+            logger.info("vlmcache KV tier: request %s: %s %d stored chunks (%s)", req_id,
+                        decision.choice, stored, decision.reason)
         return decision
 
     def lookup(self, offload_key: bytes, req_id: str) -> bool:
