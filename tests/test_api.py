@@ -82,3 +82,27 @@ def test_each_request_carries_its_own_tenant_to_the_kv_tier(tmp_path):
                   VlmRequest("USER: <image>\nWhat? ASSISTANT:", (IMG,))])
     ours = [p.extra_args["kv_transfer_params"]["vlmcache"] for p in engine.params]
     assert ours == [{"bypass": False, "tenant": "acme"}, {"bypass": False}]
+
+
+def test_the_engine_is_started_from_the_roomy_frame(tmp_path, monkeypatch):
+    """vllm.LLM is created inside stack_room's trampoline (its forked EngineCore runs
+    on that stack chunk); the engine arguments reach it unchanged."""
+    import sys
+
+    import vllm
+
+    seen = {}
+
+    class FakeLLM:
+        def __init__(self, **kwargs):
+            frame, names = sys._getframe(), []
+            while frame is not None:
+                names.append(frame.f_code.co_name)
+                frame = frame.f_back
+            seen.update(kwargs=kwargs, frames=names)
+
+    monkeypatch.setattr(vllm, "LLM", FakeLLM)
+    CachedLLM(str(tmp_path), VlmCacheConfig(store_path=str(tmp_path / "s")), enabled=False,
+              engine_args={"max_model_len": 512})
+    assert seen["kwargs"] == {"model": str(tmp_path), "max_model_len": 512}
+    assert "_trampoline" in seen["frames"]

@@ -65,7 +65,7 @@ def test_serve_prints_a_wired_vllm_command(tmp_path, capsys):
                  "--vlmcache-print", "--max-model-len", "1024"]) == 0
     out = json.loads(capsys.readouterr().out)
     argv, env = out["argv"], out["env"]
-    assert argv[1:3] == ["-m", "vllm.entrypoints.openai.api_server"]
+    assert argv[1:3] == ["-m", "vlmcache.serving.server_main"]  # vLLM's server, roomy stack
     assert argv[argv.index("--model") + 1] == str(model)
     assert argv[argv.index("--middleware") + 1] == "vlmcache.serving.asgi.VlmCacheMiddleware"
     assert "--kv-transfer-config" in argv and argv[-2:] == ["--max-model-len", "1024"]

@@ -181,3 +181,43 @@ def test_the_batch_ratio_is_the_median_of_the_repeated_first_sight_batches():
     assert s["miss_batch_tput_ratios"] == [0.8, 0.99, 1.02]
     assert s["miss_batch_tput_ratio"] == 0.99
     assert s["targets"]["miss_batch_tput_ge_95pct"] is True
+
+
+def test_merged_invocations_keep_every_run_and_pair_each_with_its_turn_partner(tmp_path):
+    import json
+
+    from vlmcache.bench.gpu_native_summary import merge_files
+
+    def part(vllm_ms, ours_ms, failed_native=False):
+        group = ["vllm", "vlmcache", "native_cpu"]
+        native = ({"error": "exit 1"} if failed_native else
+                  {"cpu_hit": {"median_ms": 10.0, "all_ms": [10.0, 10.0]},
+                   "interleaved_with": group})
+        modes = {"vllm": {"gpu_hit": {"median_ms": vllm_ms[0], "all_ms": vllm_ms},
+                          "interleaved_with": group},
+                 "vlmcache": {"gpu_hit": {"median_ms": ours_ms[0], "all_ms": ours_ms},
+                              "cpu_hit": {"median_ms": ours_ms[0] + 1, "all_ms": [
+                                  ms + 1 for ms in ours_ms]},
+                              "interleaved_with": group},
+                 "native_cpu": native}
+        path = tmp_path / f"p{len(list(tmp_path.iterdir()))}.json"
+        path.write_text(json.dumps({"modes": {"qwen": modes},
+                                    "settings": {"qwen": {"block_size": 16}}}))
+        return str(path)
+
+    first = part([10.0, 10.0], [11.0, 11.0], failed_native=True)
+    second = part([20.0, 20.0], [20.0, 20.0])
+    out = tmp_path / "merged.json"
+    merge_files([first, second], str(out))
+    modes = json.loads(out.read_text())["modes"]["qwen"]
+    # the second run of each mode is a repeat; the failed native_cpu run stays, with its error
+    assert sorted(modes) == ["native_cpu", "native_cpu#2", "vllm", "vllm#2", "vlmcache",
+                             "vlmcache#2"]
+    assert modes["vlmcache#2"]["interleaved_with"] == ["vllm#2", "vlmcache#2", "native_cpu#2"]
+    assert modes["native_cpu"] == {"error": "exit 1"}
+    shape = json.loads(out.read_text())["shapes"]["qwen"]
+    # each vlmcache run against the vllm run beside it: 1.1, 1.1, 1.0, 1.0
+    assert shape["paired_ratios"]["gpu_hit"]["median"] == 1.05
+    # the CPU hit only from the run whose native_cpu worked: 21 against 10, not 12
+    assert shape["cpu_hit_ms"] == 21.0 and shape["native_cpu_hit_ms"] == 10.0
+    assert shape["paired_ratios"]["cpu_hit"]["median"] == 2.1

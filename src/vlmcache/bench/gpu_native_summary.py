@@ -35,8 +35,8 @@ def _with(modes: dict[str, Any], mode: str, partner: str | None) -> dict[str, An
     if partner is None:
         return modes
     ours = [m for m in modes if _of(mode, m)]
-    paired = [m for m in ours
-              if any(_of(partner, o) for o in modes[m].get("interleaved_with") or ())]
+    paired = [m for m in ours if any(_of(partner, o) and "error" not in modes.get(o, {})
+                                     for o in modes[m].get("interleaved_with") or ())]
     drop = set(ours) - set(paired) if paired else set()
     return {m: r for m, r in modes.items() if m not in drop}
 
@@ -127,17 +127,35 @@ def _paired_ratios(modes: dict[str, Any]) -> dict[str, dict[str, float] | None]:
     them; the geometric mean moves with the share of requests in each."""
     out: dict[str, dict[str, float] | None] = {}
     for key, (mode, phase), (base, base_phase) in _PAIRED:
-        a = [r[phase].get("all_ms") for r in _runs(_with(modes, mode, base), mode)
-             if isinstance(r.get(phase), dict)]
-        b = [r[base_phase].get("all_ms") for r in _runs(_with(modes, base, mode), base)
-             if isinstance(r.get(base_phase), dict)]
-        if not (len(a) == len(b) == 1 and a[0] and b[0] and len(a[0]) == len(b[0])):
-            out[key] = None
-            continue
-        ratios = [x / y for x, y in zip(a[0], b[0])]
-        out[key] = {"median": round(statistics.median(ratios), 3),
-                    "geomean": round(math.exp(statistics.fmean(map(math.log, ratios))), 3)}
+        ratios = [x / y for ours, theirs in _turn_pairs(modes, mode, base)
+                  for x, y in _paired_ms(ours.get(phase), theirs.get(base_phase))]
+        out[key] = None if not ratios else {
+            "median": round(statistics.median(ratios), 3),
+            "geomean": round(math.exp(statistics.fmean(map(math.log, ratios))), 3)}
     return out
+
+
+def _turn_pairs(modes: dict[str, Any], mode: str,
+                base: str) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    """Each run of ``mode`` with the run of ``base`` it took turns with (its only run of
+    ``base``, where it took turns with none)."""
+    ours = [m for m in modes if _of(mode, m)]
+    theirs = [m for m in modes if _of(base, m)]
+    pairs = []
+    for m in ours:
+        beside = [t for t in theirs if t in (modes[m].get("interleaved_with") or ())
+                  and "error" not in modes[t]]
+        if not beside and len(ours) == len(theirs) == 1:
+            beside = theirs
+        pairs += [(modes[m], modes[t]) for t in beside[:1]]
+    return pairs
+
+
+def _paired_ms(a: Any, b: Any) -> list[tuple[float, float]]:
+    """Per-request latencies of two rows that timed the same requests, else none."""
+    xs = a.get("all_ms") if isinstance(a, dict) else None
+    ys = b.get("all_ms") if isinstance(b, dict) else None
+    return list(zip(xs, ys)) if xs and ys and len(xs) == len(ys) else []
 
 
 def shape_summary(modes: dict[str, Any], block_size: int) -> dict[str, Any]:
@@ -253,7 +271,9 @@ def merge_shape(record: dict[str, Any], shape: str, commands: list[str],
 
 def merge_files(paths: Sequence[str], out: str) -> None:
     """``--merge``: the result files of several invocations (e.g. one per device call) as
-    one file, in order (a later file's mode replaces an earlier one's)."""
+    one file, in order. Every run is kept: a later file's run of a mode an earlier file ran
+    (or tried to: a failed run stays, with its error) becomes a repeat (``vllm#2``, with its
+    turn partners renamed alike)."""
     record: dict[str, Any] = {}
     for path in paths:
         part = json.loads(Path(path).read_text())
@@ -263,6 +283,27 @@ def merge_files(paths: Sequence[str], out: str) -> None:
             cmds = part.get("commands", {}).get(shape, [])
             settings = part.get("settings", {}).get(shape) or {
                 k: part.get(k) for k in ("n_batch1", "batch", "cpu_bytes")} | {"block_size": 16}
-            merge_shape(record, shape, [cmds] if isinstance(cmds, str) else cmds, modes,
-                        settings)
+            kept = record.get("modes", {}).get(shape, {})
+            merge_shape(record, shape, [cmds] if isinstance(cmds, str) else cmds,
+                        as_repeats(kept, modes), settings)
     Path(out).write_text(json.dumps(record, indent=1) + "\n")
+
+
+def as_repeats(kept: dict[str, Any], modes: dict[str, Any]) -> dict[str, Any]:
+    """``modes`` with each mode ``kept`` already has a run of renamed to its next free
+    repeat, in the modes' names and in their turn partners."""
+    taken = set(kept)
+    names: dict[str, str] = {}
+    for m in modes:
+        base, k, name = m.partition("#")[0], 1, m
+        while name in taken:
+            k += 1
+            name = f"{base}#{k}"
+        names[m] = name
+        taken.add(name)
+    out = {}
+    for m, r in modes.items():
+        partners = r.get("interleaved_with")
+        out[names[m]] = r if partners is None else {
+            **r, "interleaved_with": [names.get(p, p) for p in partners]}
+    return out

