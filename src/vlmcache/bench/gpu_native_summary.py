@@ -285,11 +285,11 @@ def merge_files(paths: Sequence[str], out: str) -> None:
                 k: part.get(k) for k in ("n_batch1", "batch", "cpu_bytes")} | {"block_size": 16}
             kept = record.get("modes", {}).get(shape, {})
             merge_shape(record, shape, [cmds] if isinstance(cmds, str) else cmds,
-                        as_repeats(kept, modes), settings)
+                        _as_repeats(kept, modes), settings)
     Path(out).write_text(json.dumps(record, indent=1) + "\n")
 
 
-def as_repeats(kept: dict[str, Any], modes: dict[str, Any]) -> dict[str, Any]:
+def _as_repeats(kept: dict[str, Any], modes: dict[str, Any]) -> dict[str, Any]:
     """``modes`` with each mode ``kept`` already has a run of renamed to its next free
     repeat, in the modes' names and in their turn partners."""
     taken = set(kept)
