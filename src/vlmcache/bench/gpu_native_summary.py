@@ -35,10 +35,15 @@ def _with(modes: dict[str, Any], mode: str, partner: str | None) -> dict[str, An
     if partner is None:
         return modes
     ours = [m for m in modes if _of(mode, m)]
-    paired = [m for m in ours if any(_of(partner, o) and "error" not in modes.get(o, {})
-                                     for o in modes[m].get("interleaved_with") or ())]
+    paired = [m for m in ours if _beside(modes, m, partner)]
     drop = set(ours) - set(paired) if paired else set()
     return {m: r for m, r in modes.items() if m not in drop}
+
+
+def _beside(modes: dict[str, Any], run: str, mode: str) -> list[str]:
+    """The runs of ``mode`` that ``run`` took turns with and that did not fail."""
+    return [o for o in modes[run].get("interleaved_with") or ()
+            if _of(mode, o) and o in modes and "error" not in modes[o]]
 
 
 def _get(modes: dict[str, Any], mode: str, phase: str, key: str = "median_ms") -> Any:
@@ -143,8 +148,7 @@ def _turn_pairs(modes: dict[str, Any], mode: str,
     theirs = [m for m in modes if _of(base, m)]
     pairs = []
     for m in ours:
-        beside = [t for t in theirs if t in (modes[m].get("interleaved_with") or ())
-                  and "error" not in modes[t]]
+        beside = _beside(modes, m, base)
         if not beside and len(ours) == len(theirs) == 1:
             beside = theirs
         pairs += [(modes[m], modes[t]) for t in beside[:1]]

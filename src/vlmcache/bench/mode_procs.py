@@ -17,8 +17,7 @@ from typing import Any
 
 HASH_ENV = {"PYTHONHASHSEED": "0"}  # vLLM's block hashes reproducible across restarts
 #: ``MODE@variant`` run with these in its environment (read when its processes start):
-#: vLLM's KV dimension order forced, or CPython's small-object allocator off (run k's native
-#: stacks showed vlmcache's EngineCore mapping and unmapping memory inside attention layers)
+#: vLLM's KV dimension order forced, or CPython's small-object allocator off
 VARIANT_ENV = {"nhd": {"VLLM_KV_CACHE_LAYOUT": "NHD"}, "hnd": {"VLLM_KV_CACHE_LAYOUT": "HND"},
                "malloc": {"PYTHONMALLOC": "malloc"}}
 #: what a mode's process runs (its mode and arguments follow)

@@ -27,26 +27,25 @@ def _stat_fields(path: str) -> tuple[str, list[str]] | None:
     return head.partition("(")[2], rest.split()
 
 
-def _session_pids() -> list[tuple[int, str]]:
-    sid, pids = os.getsid(0), []
+def _session_procs() -> list[tuple[int, str, list[str]]]:
+    """(pid, name, stat fields after the name) of each process of this session."""
+    sid, procs = os.getsid(0), []
     for entry in os.listdir("/proc"):
         if entry.isdigit():
             got = _stat_fields(f"/proc/{entry}/stat")
             # fields after the name: state, ppid, pgrp, session, ...
             if got is not None and int(got[1][3]) == sid:
-                pids.append((int(entry), got[0]))
-    return pids
+                procs.append((int(entry), got[0], got[1]))
+    return procs
 
 
 def _process_stats() -> dict[str, tuple[float, int]]:
     """(CPU seconds, minor faults) so far of each process of this session, keyed ``name:pid``
     (a process's CPU time includes its threads that have ended)."""
-    tick, out = os.sysconf("SC_CLK_TCK"), {}
-    for pid, name in _session_pids():
-        got = _stat_fields(f"/proc/{pid}/stat")
-        if got is not None:  # fields 10, 14, 15: minflt, utime, stime
-            out[f"{name}:{pid}"] = ((int(got[1][11]) + int(got[1][12])) / tick, int(got[1][7]))
-    return out
+    tick = os.sysconf("SC_CLK_TCK")
+    # fields 10, 14, 15: minflt, utime, stime
+    return {f"{name}:{pid}": ((int(f[11]) + int(f[12])) / tick, int(f[7]))
+            for pid, name, f in _session_procs()}
 
 
 def session_cpu_s() -> float:
@@ -60,7 +59,7 @@ def thread_cpu_s() -> Counter[str]:
     """CPU seconds so far of each thread of this session, keyed ``process:pid/tid`` (``main``
     for a process's main thread; Python threads carry no name the kernel sees)."""
     tick, out = os.sysconf("SC_CLK_TCK"), Counter()
-    for pid, pname in _session_pids():
+    for pid, pname, _ in _session_procs():
         try:
             tids = os.listdir(f"/proc/{pid}/task")
         except OSError:
@@ -75,8 +74,8 @@ def thread_cpu_s() -> Counter[str]:
 
 def minor_faults() -> Counter[str]:
     """Minor page faults so far of each process of this session, keyed ``name:pid``: a
-    process that keeps mapping fresh memory (an allocator returning arenas to the kernel and
-    taking them back, as run k's native stacks suggest for vlmcache's EngineCore) faults on
+    process that keeps mapping fresh memory (CPython frame-stack chunks mapped and unmapped
+    per call where a chunk boundary sits in a hot loop: ``vllm/stack_room.py``) faults on
     every page it touches again."""
     return Counter({k: faults for k, (_, faults) in _process_stats().items()})
 
@@ -92,9 +91,7 @@ def busiest(before: Counter[str], after: Counter[str], top: int = TOP_THREADS) -
 def engine_core_cpu() -> int | None:
     """The core the main thread of this process's EngineCore child last ran on (``None``
     when there is none: an engine in this process)."""
-    for pid, name in _session_pids():
+    for _, name, fields in _session_procs():
         if name.startswith("VLLM::EngineCor"):  # the kernel keeps 15 characters of a name
-            got = _stat_fields(f"/proc/{pid}/stat")
-            if got is not None:
-                return int(got[1][36])  # field 39: processor
+            return int(fields[36])  # field 39: processor
     return None
