@@ -6,7 +6,7 @@ import pytest
 from vllm.v1.kv_offload.base import ReqContext
 from vllm.v1.kv_offload.tiering.manager import TieringOffloadingManager
 
-from vlmcache.vllm.compat import FinishedRequestGuard
+from vlmcache.vllm.compat import FinishedRequestGuard, delegate
 
 
 class _Primary:
@@ -42,6 +42,25 @@ def test_a_store_for_a_finished_request_is_refused_not_a_crash():
     guard.on_new_request(live)  # everything else goes through
     assert guard.prepare_store([b"k"], live).keys_to_store == [b"k"]
     assert guard.refused == 1
+
+
+def test_a_wrapper_binds_methods_once_and_reads_data_live():
+    class Wrapper:
+        def __init__(self, inner):
+            self._inner = inner
+            self.looked_up = []
+
+        def __getattr__(self, name):
+            self.looked_up.append(name)
+            return delegate(self, self._inner, name)
+
+    inner = SimpleNamespace(state={"a": 1}, count=lambda: len(inner.state))
+    wrapper = Wrapper(inner)
+    assert wrapper.count() == 1 and wrapper.count() == 1
+    assert wrapper.looked_up == ["count"]  # bound on first use
+    inner.state = {"a": 1, "b": 2}  # data is never cached: a later read sees the change
+    assert wrapper.state == {"a": 1, "b": 2} and wrapper.count() == 2
+    assert wrapper.looked_up == ["count", "state"]
 
 
 def _engine(block_layout: str) -> SimpleNamespace:

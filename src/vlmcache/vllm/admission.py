@@ -23,6 +23,7 @@ from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
 from vlmcache.store.policy import GhostFilter
+from vlmcache.vllm.compat import delegate
 
 
 class SecondSightManager:
@@ -56,4 +57,4 @@ class SecondSightManager:
         return self._inner.prepare_store(admitted, req_context)
 
     def __getattr__(self, name: str) -> Any:
-        return getattr(self._inner, name)
+        return delegate(self, self._inner, name)

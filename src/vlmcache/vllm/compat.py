@@ -66,6 +66,15 @@ def offload_rows(spec: Any) -> int:
     return int(rows if rows is not None else spec.num_blocks)
 
 
+def delegate(wrapper: object, inner: object, name: str) -> Any:
+    """``inner.name`` for a wrapper's ``__getattr__``; a method is bound onto the wrapper
+    once, so vLLM's per-step and per-block manager calls skip this lookup afterwards."""
+    value = getattr(inner, name)
+    if callable(value):
+        wrapper.__dict__[name] = value
+    return value
+
+
 class FinishedRequestGuard:
     """vLLM's tiering ``OffloadingManager`` with stores for a finished request refused
     instead of crashing the EngineCore.
@@ -94,7 +103,7 @@ class FinishedRequestGuard:
         return self._inner.prepare_store(keys, req_context)
 
     def __getattr__(self, name: str) -> Any:
-        return getattr(self._inner, name)
+        return delegate(self, self._inner, name)
 
 
 # ---- the GPU KV cache's memory layout: 0.26 (cross-layer blocks) -> 0.32 (per layer) ------

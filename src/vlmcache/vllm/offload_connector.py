@@ -52,6 +52,9 @@ class _RequestTrack:
     from_prefix_cache: int = 0
     loaded: int = 0
     bypass: bool = False
+    #: vLLM's offload keys of the prompt's full chunks, computed once per request (the
+    #: scheduler's step loop pays for every hash: a CPU hit waits on it)
+    offload_keys: list[bytes] | None = None
 
 
 def _wants_bypass(request: Any) -> bool:
@@ -166,27 +169,31 @@ class VlmCacheOffloadingConnector(OffloadingConnector):
         if running & prev_running and now - start < MAX_STEP_GAP_S:
             self._runtime.cost.observe_prefill(tokens, now - start)
 
-    def _offload_keys(self, request: Any, prompt_tokens: int) -> list[bytes]:
+    def _offload_keys(self, request: Any, track: _RequestTrack) -> list[bytes]:
         """vLLM's offload keys of the request's full prompt chunks: chunk ``i``'s key is its
         last block hash (as vLLM's offloading scheduler computes them)."""
+        if track.offload_keys is not None:
+            return track.offload_keys
         rt = self._runtime
         if rt is None or not rt.tokens_per_chunk or not rt.hashes_per_chunk:
             return []
         from vllm.v1.kv_offload.base import make_offload_key
 
-        hashes = list(getattr(request, "block_hashes", None) or [])
-        n_chunks = prompt_tokens // rt.tokens_per_chunk
+        hashes = getattr(request, "block_hashes", None) or []
+        n_chunks = track.prompt_tokens // rt.tokens_per_chunk
         picked = hashes[rt.hashes_per_chunk - 1::rt.hashes_per_chunk][:n_chunks]
-        return [bytes(make_offload_key(h, 0)) for h in picked]
+        keys = [bytes(make_offload_key(h, 0)) for h in picked]
+        if len(keys) == n_chunks:  # all of them hashed: they cannot change
+            track.offload_keys = keys
+        return keys
 
-    def _chunk_keys(self, request: Any, prompt_tokens: int) -> list[str]:
+    def _chunk_keys(self, request: Any, track: _RequestTrack) -> list[str]:
         """Store keys of the request's full prompt chunks (what the persistent tier holds
         or will hold for it)."""
         rt = self._runtime
         if rt is None or not rt.namespace_digest:
             return []
-        return [store_key(rt.namespace_digest, k)
-                for k in self._offload_keys(request, prompt_tokens)]
+        return [store_key(rt.namespace_digest, k) for k in self._offload_keys(request, track)]
 
     def _first_sight(self, request: Any, track: _RequestTrack, num_computed_tokens: int) -> None:
         """Once per request, on its chunks' keys: record those vLLM's GPU prefix cache holds
@@ -201,7 +208,7 @@ class VlmCacheOffloadingConnector(OffloadingConnector):
         resident = bool(first) and self._note_resident
         if not resident and not plan:
             return
-        keys = self._offload_keys(request, track.prompt_tokens)
+        keys = self._offload_keys(request, track)
         if resident and keys:
             rt.gpu_resident[request.request_id] = frozenset(keys[:first])
         if plan and keys[first:]:
@@ -229,13 +236,14 @@ class VlmCacheOffloadingConnector(OffloadingConnector):
             "prompt_tokens": track.prompt_tokens, "tokens_loaded": track.loaded,
             "tokens_from_prefix_cache": track.from_prefix_cache, "blocks_saved": 0,
             "load_failed_blocks": 0, "bypass": track.bypass,
-            "chunk_keys": self._chunk_keys(request, track.prompt_tokens)}
+            "chunk_keys": self._chunk_keys(request, track)}
         tier = self._tier_report(request.request_id)
         if tier is not None:
             ours.update(tier.to_params())
             ours["load_failed_blocks"] = tier.chunks_failed
             ours["blocks_saved"] = tier.stored_chunks
-            if tier.decision is not None and tier.chunks_found:  # what plan() logged, settled
+            # where the persistent tier was asked for rows (vLLM's CPU tier had not got them)
+            if tier.decision is not None and (tier.chunks_found or tier.chunks_skipped):
                 logger.info("vlmcache KV: request %s: %s", request.request_id,
                             tier.decision.reason)
         return {**(params or {}), PARAMS_KEY: ours}

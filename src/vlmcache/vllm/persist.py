@@ -172,10 +172,10 @@ class PersistentKV:
         if not stored and decision.choice == "load":
             return None
         report.decision = decision
-        # a request with nothing stored logs nothing: the tier said why it writes no rows
-        if stored:
-            logger.info("vlmcache KV tier: request %s: %s %d stored chunks (%s)", req_id,
-                        decision.choice, stored, decision.reason)
+        # INFO comes at the request's end, where rows were found (vLLM's CPU tier may serve
+        # them first): here, in the scheduler's step, only DEBUG
+        logger.debug("vlmcache KV tier: request %s: %s %d stored chunks (%s)", req_id,
+                     decision.choice, stored, decision.reason)
         return decision
 
     def lookup(self, offload_key: bytes, req_id: str) -> bool:
