@@ -4,7 +4,9 @@
 # ../shared/gpu/stage-vllm.sh.
 #   bash scripts/gpu_session.sh start JOB [JOB ...]   # returns at once (setsid)
 #   bash scripts/gpu_session.sh wait 540              # up to 540 s; results and logs -> $OUT
-# PIN=1: each mode taking turns runs on cores of its own (--pin-cpus).
+# PIN=1: each mode taking turns runs on cores of its own (--pin-cpus). UTIL: the GPU memory
+# share of a whole group (default 0.9; four Qwen2-VL engines need 0.8: their batch-32 vision
+# activations go past their shares).
 # JOB = SHAPE:N:MODES[:profile] (gpu_native_path.py's --modes: + = at once, taking turns
 # request by request; N batch-1 requests per phase, or BIG/SMALL: SMALL on an 80 GB card,
 # where three LLaVA engines hold ~17k tokens of KV each, fewer than 24 prompts (each GPU hit
@@ -26,14 +28,16 @@ run_job() {  # index job gpu
   mkdir -p "$out"
   (cd "$code" && OUT=$out CUDA_VISIBLE_DEVICES=$3 PROFILE=$([ "$prof" = profile ] && echo 1 || echo 0) \
     bash scripts/gpu_bench.sh "$shape" --n "$n" --modes "$modes" --mode-timeout 1500 \
-    --gpu-memory-utilization 0.9 --work /root/work-$1-$shape ${PIN:+--pin-cpus} \
+    --gpu-memory-utilization "${UTIL:-0.9}" --work /root/work-$1-$shape ${PIN:+--pin-cpus} \
     > "$out/stdout.txt" 2>&1
    echo $? > "$out/rc")
 }
 case "${1:-}" in
   start)
     shift
-    rm -rf "$code" /root/out-* /root/jobs-* && mkdir -p "$code"
+    # a job's work folder holds its persistent store: a later session's job of the same
+    # index and shape would start on it (its misses loaded from the earlier one's rows)
+    rm -rf "$code" /root/out-* /root/jobs-* /root/work-* && mkdir -p "$code"
     cp -r src benchmarks scripts "$code"/  # the run reads this copy: later calls resend the tree
     ls .gpu/tools/py_spy*.whl >/dev/null 2>&1 && pip install -q --no-index .gpu/tools/py_spy*.whl
     ngpu=$(nvidia-smi -L | wc -l)
@@ -45,7 +49,7 @@ case "${1:-}" in
         [ $((i % lanes)) = "$lane" ] && cmds+="run_job $i '$job' $lane; "
         i=$((i + 1))
       done
-      setsid bash -c "$(declare -f run_job); code=$code PIN=${PIN:-}; $cmds touch /root/jobs-done-$lane" \
+      setsid bash -c "$(declare -f run_job); code=$code PIN=${PIN:-} UTIL=${UTIL:-0.9}; $cmds touch /root/jobs-done-$lane" \
         < /dev/null > /dev/null 2>&1 &
     done
     echo "$lanes" > /root/jobs-lanes

@@ -200,3 +200,22 @@ def test_an_environment_variant_starts_its_mode_with_that_environment(tmp_path, 
     assert seen["vllm@hnd"]["VLLM_KV_CACHE_LAYOUT"] == "HND"
     assert "PYTHONMALLOC" not in seen["vllm"] or os.environ.get("PYTHONMALLOC")
     assert all(env["PYTHONHASHSEED"] == "0" for env in seen.values())
+
+
+def test_a_run_starts_on_empty_stores_and_never_wipes_one_given_by_name(tmp_path):
+    from vlmcache.bench.gpu_native_path import _clear_stores, _require_empty
+
+    work = tmp_path / "work"
+    for name in ("store", "store-memory", "store-fs"):  # an earlier run's rows
+        (work / name / "kv").mkdir(parents=True)
+        (work / name / "kv" / "row").write_bytes(b"x")
+    (work / "engine.log").write_text("kept")
+    _clear_stores(work / "store")
+    assert sorted(p.name for p in work.iterdir()) == ["engine.log"]
+
+    given = tmp_path / "mine"
+    (given / "kv").mkdir(parents=True)
+    with pytest.raises(SystemExit, match="is not empty"):
+        _require_empty(given)
+    assert (given / "kv").is_dir()
+    _require_empty(tmp_path / "new")  # nothing there yet: fine

@@ -119,6 +119,21 @@ def test_a_cpu_hit_row_that_loaded_less_than_its_prefix_is_flagged():
     assert s["targets"]["cpu_hit_loads_full_prefix"] is False
 
 
+def test_a_peers_cpu_hit_that_reused_nothing_is_no_reference():
+    modes = _modes()
+    # its region evicted the prompts before the phase: a recompute in a hit's row
+    modes["native_cpu"]["cpu_hit"] = _row(55.0, prompt_tokens=680.0, tokens_cached=0.0)
+    s = shape_summary(modes, 16)
+    assert s["native_cpu_hit_ms"] is None
+    assert s["targets"]["cpu_hit_le_1.05x_native_cpu_hit"] is None
+    assert s["not_hits"] == ["native_cpu cpu_hit: 0 of 672 tokens reused, not a hit"]
+    # a second run that did hit is the reference alone
+    modes["native_cpu#2"] = {"cpu_hit": _row(35.0, prompt_tokens=680.0, tokens_cached=672.0)}
+    s = shape_summary(modes, 16)
+    assert s["native_cpu_hit_ms"] == 35.0 and len(s["not_hits"]) == 1
+    assert modes["native_cpu"]["cpu_hit"]["median_ms"] == 55.0  # the run's data is kept
+
+
 def test_under_second_sight_the_choice_not_to_write_comes_from_the_capturing_phase():
     modes = _modes(restart_loaded=0.0, restart_stored=0.0, choice="skip")
     modes["vlmcache_restart"]["restart_hit"]["cost_model_choices"] = []

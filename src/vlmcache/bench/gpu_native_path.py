@@ -38,6 +38,7 @@ import json
 import os
 import platform
 import shlex
+import shutil
 import sys
 import tempfile
 import time
@@ -234,6 +235,26 @@ def _child_args(name: str, args: argparse.Namespace) -> str:
     return base
 
 
+def _store_dirs(store: Path) -> list[Path]:
+    """The stores of one run: ``store`` and its variants' (``store-memory``, ``store-fs``)."""
+    return [p for p in store.parent.glob(f"{store.name}*") if p.is_dir()]
+
+
+def _clear_stores(store: Path) -> None:
+    """A run starts on empty stores: rows an earlier run left in the same work folder would
+    turn its misses into loads (a GPU session's third job once measured such "misses")."""
+    for path in _store_dirs(store):
+        shutil.rmtree(path)
+
+
+def _require_empty(store: Path) -> None:
+    """A store given by name is never wiped: one that holds anything is refused."""
+    for path in _store_dirs(store):
+        if any(path.iterdir()):
+            raise SystemExit(f"--store {store}: {path} is not empty; its rows would turn "
+                             "this run's misses into loads (give an empty or new path)")
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--geometry", default="benchmarks/geometries/qwen2vl7b")
@@ -293,7 +314,11 @@ def main(argv: Sequence[str] | None = None) -> None:
         return
     args.work = args.work or tempfile.mkdtemp(prefix="vlmcache-native-")
     Path(args.work).mkdir(parents=True, exist_ok=True)
-    args.store = args.store or str(Path(args.work) / "store")
+    if args.store:
+        _require_empty(Path(args.store))
+    else:
+        args.store = str(Path(args.work) / "store")
+        _clear_stores(Path(args.store))
     forwarded = [a for a in (argv if argv is not None else sys.argv[1:])]
     forwarded += ["--store", args.store, "--work", args.work]
     import signal

@@ -162,9 +162,34 @@ def _paired_ms(a: Any, b: Any) -> list[tuple[float, float]]:
     return list(zip(xs, ys)) if xs and ys and len(xs) == len(ys) else []
 
 
+#: the peers' hit rows a comparison leans on: (mode, phase, the row's tokens-reused key)
+_REFERENCE_HITS = (("native_cpu", "cpu_hit", "tokens_cached"),
+                   ("native_tiering", "cpu_hit", "tokens_cached"),
+                   ("native_tiering_restart", "restart_hit", "tokens_cached"))
+
+
+def _hits_only(modes: dict[str, Any], block_size: int) -> tuple[dict[str, Any], list[str]]:
+    """``modes`` without the peers' "hit" rows that reused less than the loadable prefix
+    (a region that evicted the prompts first: the row is a recompute, and no reference),
+    and a line for each row left out."""
+    kept, dropped = dict(modes), []
+    for name, run in modes.items():
+        for mode, phase, key in _REFERENCE_HITS:
+            row = run.get(phase) if _of(mode, name) else None
+            if not isinstance(row, dict) or row.get(key) is None:
+                continue
+            loadable = _loadable(row.get("prompt_tokens"), block_size) or 0
+            if row[key] < loadable:
+                kept[name] = {**kept[name], phase: {key: row[key], "not_a_hit": True}}
+                dropped.append(f"{name} {phase}: {row[key]:.0f} of {loadable} tokens "
+                               "reused, not a hit")
+    return kept, dropped
+
+
 def shape_summary(modes: dict[str, Any], block_size: int) -> dict[str, Any]:
     """The figures the issue's targets are judged on (None where a mode failed), each over
     every run of its mode."""
+    modes, not_hits = _hits_only(modes, block_size)
     prompt = _get(modes, "vlmcache_restart", "restart_hit", "prompt_tokens")
     choices = _get(modes, "vlmcache_restart", "restart_hit", "cost_model_choices") or []
     reason = _get(modes, "vlmcache_restart", "restart_hit", "cost_model_reason")
@@ -204,6 +229,7 @@ def shape_summary(modes: dict[str, Any], block_size: int) -> dict[str, Any]:
         "runs_ms": {key: _run_medians(modes, mode, phase)
                     for key, mode, phase, _ in _LATENCIES},
         "paired_ratios": _paired_ratios(modes),
+        "not_hits": not_hits,
     })
     s["recompute_runs_ms"] = s["runs_ms"]["recompute_ms"]
     s["vllm_gpu_hit_runs_ms"] = s["runs_ms"]["vllm_gpu_hit_ms"]

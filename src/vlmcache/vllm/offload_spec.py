@@ -25,6 +25,7 @@ from vlmcache.config import VlmCacheConfig
 from vlmcache.vllm.admission import SecondSightManager
 from vlmcache.vllm.compat import FinishedRequestGuard
 from vlmcache.vllm.cost import CostModel
+from vlmcache.vllm.deferred_store import StoresAfterOutputs
 from vlmcache.vllm.offload_tier import TIER_TYPE, cost_model_for
 
 logger = logging.getLogger(__name__)
@@ -117,7 +118,7 @@ class VlmCacheOffloadingSpec(TieringOffloadingSpec):
         self.runtime.tokens_per_chunk = self.tokens_per_chunk
         self.runtime.hashes_per_chunk = max(1, self.tokens_per_chunk // int(self.tokens_per_hash))
         self.cost_model = self.runtime.cost
-        self._cpu_worker: OffloadingWorker | None = None
+        self._wrapped_worker: OffloadingWorker | None = None  # vLLM's spec has a _worker
 
     def get_manager(self) -> Any:
         manager = super().get_manager()  # vLLM's, or our wrapper of it once made
@@ -152,11 +153,15 @@ class VlmCacheOffloadingSpec(TieringOffloadingSpec):
         self.runtime.tiers.append(tier)
 
     def get_worker(self, kv_caches: CanonicalKVCaches) -> OffloadingWorker:
-        if current_platform.is_cuda_alike() or current_platform.is_xpu():
-            return super().get_worker(kv_caches)
-        if self._cpu_worker is None:
-            self._cpu_worker = self._create_cpu_worker(kv_caches)
-        return self._cpu_worker
+        """vLLM's worker (on CUDA/XPU) or :class:`CPUCopyWorker`, its stores held one step
+        (:class:`~vlmcache.vllm.deferred_store.StoresAfterOutputs`)."""
+        if self._wrapped_worker is None:
+            if current_platform.is_cuda_alike() or current_platform.is_xpu():
+                inner = super().get_worker(kv_caches)
+            else:
+                inner = self._create_cpu_worker(kv_caches)
+            self._wrapped_worker = StoresAfterOutputs(inner)
+        return self._wrapped_worker
 
     def _create_cpu_worker(self, kv_caches: CanonicalKVCaches) -> OffloadingWorker:
         from vllm.v1.kv_offload.cpu.shared_offload_region import SharedOffloadRegion
