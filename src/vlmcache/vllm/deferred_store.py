@@ -40,10 +40,6 @@ class StoresAfterOutputs(OffloadingWorker):
         self._held: list[_Job] = []  # submitted in this step
         self._due: list[_Job] = []  # submitted in an earlier step: pass on now
 
-    @property
-    def inner(self) -> OffloadingWorker:
-        return self._inner
-
     def submit_store(self, job_id: int, src_spec: Any, dst_spec: Any) -> bool:
         self._pass_on(self._due)
         self._held.append((job_id, src_spec, dst_spec))
