@@ -52,9 +52,10 @@ class _RequestTrack:
     from_prefix_cache: int = 0
     loaded: int = 0
     bypass: bool = False
-    #: vLLM's offload keys of the prompt's full chunks, computed once per request (the
-    #: scheduler's step loop pays for every hash: a CPU hit waits on it)
+    #: vLLM's offload keys of the prompt's full chunks and their store keys, each computed
+    #: once per request (the scheduler's step loop pays for every hash: a CPU hit waits on it)
     offload_keys: list[bytes] | None = None
+    chunk_keys: list[str] | None = None
 
 
 def _wants_bypass(request: Any) -> bool:
@@ -190,10 +191,15 @@ class VlmCacheOffloadingConnector(OffloadingConnector):
     def _chunk_keys(self, request: Any, track: _RequestTrack) -> list[str]:
         """Store keys of the request's full prompt chunks (what the persistent tier holds
         or will hold for it)."""
+        if track.chunk_keys is not None:
+            return track.chunk_keys
         rt = self._runtime
         if rt is None or not rt.namespace_digest:
             return []
-        return [store_key(rt.namespace_digest, k) for k in self._offload_keys(request, track)]
+        keys = [store_key(rt.namespace_digest, k) for k in self._offload_keys(request, track)]
+        if track.offload_keys is not None:  # all of the prompt's chunks: final
+            track.chunk_keys = keys
+        return keys
 
     def _first_sight(self, request: Any, track: _RequestTrack, num_computed_tokens: int) -> None:
         """Once per request, on its chunks' keys: record those vLLM's GPU prefix cache holds
@@ -211,9 +217,10 @@ class VlmCacheOffloadingConnector(OffloadingConnector):
         keys = self._offload_keys(request, track)
         if resident and keys:
             rt.gpu_resident[request.request_id] = frozenset(keys[:first])
-        if plan and keys[first:]:
+        chunk_keys = self._chunk_keys(request, track) if plan else []
+        if chunk_keys[first:]:
             for tier in rt.tiers:
-                tier.plan(request.request_id, keys[first:])
+                tier.plan(request.request_id, chunk_keys[first:])
 
     def _tier_report(self, req_id: str) -> TierRequestReport | None:
         if self._runtime is None:

@@ -152,20 +152,21 @@ class PersistentKV:
 
     # ---- scheduler-facing calls (side-effect free on the store, never block on I/O) --------
 
-    def plan(self, req_id: str, offload_keys: Sequence[bytes]) -> CostDecision | None:
-        """Decide load-or-skip once for ``req_id``'s stored prefix (``offload_keys``: its
-        chunks not already in vLLM's GPU cache, in order). With nothing stored: a skip
+    def plan(self, req_id: str, chunk_keys: Sequence[str]) -> CostDecision | None:
+        """Decide load-or-skip once for ``req_id``'s stored prefix (``chunk_keys``: the store
+        keys, :meth:`key_for`, of its chunks not already in vLLM's GPU cache, in order;
+        the connector has them for the request's report too). With nothing stored: a skip
         where loading all of them would lose (the tier never writes such rows, so the
         ReuseReport says why nothing was loaded), else ``None`` (a plain miss). Either way
         the request's lookups then miss without asking the store again."""
         stored = 0
-        for key in offload_keys:
-            if not self._index.contains(self.key_for(key)):
+        for key in chunk_keys:
+            if not self._index.contains(key):
                 break
             stored += 1
         report = self.ledger.get(req_id)
         report.planned = True
-        n = stored or len(offload_keys)
+        n = stored or len(chunk_keys)
         if not n:
             return None
         decision = self.cost.decide(n * self.tokens_per_chunk, n * self.row_bytes)
