@@ -2,7 +2,7 @@
 
 import time
 
-from vlmcache.bench.gpu_runner import _SpanTimed, _token_summary
+from vlmcache.bench.gpu_runner import _SpanTimed, _timed_summary, _token_summary
 
 
 class _LLM:
@@ -75,3 +75,12 @@ def test_plain_only_mode_sends_plain_requests_to_vlmcaches_engine():
     out = runner.timed([1, 2])
     assert order == ["plain", "plain"] and out["tokens_cached"] == 672
     assert all("core" in p for p in out["phases_ms"])  # where its engine's thread ran
+
+
+def test_timed_summary_keeps_each_requests_turn_place_and_medians_per_place():
+    facts = [{"prompt": 665, "cached": 656, "front_ms": 5.0, "queue_ms": 0.1,
+              "engine_ms": e, "return_ms": 1.0, "core": 3, "place": p}
+             for e, p in ((10.0, 0), (11.0, 1), (14.0, 2), (12.0, 0))]
+    s = _timed_summary([17.0, 18.0, 21.0, 19.0], facts)
+    assert [f["place"] for f in s["phases_ms"]] == [0, 1, 2, 0]
+    assert s["by_place_ms"] == {"0": [18.0, 2], "1": [18.0, 1], "2": [21.0, 1]}

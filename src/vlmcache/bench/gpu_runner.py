@@ -206,6 +206,7 @@ class Runner:
             facts += self.generate([s])
             ms.append(facts[-1]["wall_s"] * 1e3)
             facts[-1]["core"] = engine_core_cpu()  # where its engine's main thread ran
+            facts[-1]["place"] = self.turns.place  # its turn's place in the round
         out = _timed_summary(ms, facts)
         if self.plain_facts:
             out["plain"] = _timed_summary([f["wall_s"] * 1e3 for f in self.plain_facts],
@@ -232,10 +233,17 @@ class Runner:
 
 
 def _timed_summary(ms: list[float], facts: list[dict[str, Any]]) -> dict[str, Any]:
+    by_place: dict[int, list[float]] = {}
+    for m, f in zip(ms, facts):
+        if f.get("place") is not None:
+            by_place.setdefault(f["place"], []).append(m)
     return {"median_ms": round(statistics.median(ms), 2), "min_ms": round(min(ms), 2),
             "all_ms": [round(m, 2) for m in ms], **_token_summary(facts),
+            # where the turn's place in its round mattered (turns.py): median, count
+            "by_place_ms": {str(p): [round(statistics.median(v), 2), len(v)]
+                            for p, v in sorted(by_place.items())},
             "phases_ms": [{**{k: round(f[k], 2) for k in PHASES + OURS if k in f},
-                           "core": f.get("core")} for f in facts]}
+                           "core": f.get("core"), "place": f.get("place")} for f in facts]}
 
 
 def _token_summary(facts: list[dict[str, Any]]) -> dict[str, Any]:

@@ -9,13 +9,18 @@ the machine (clocks, neighbours, the host) falls on every mode alike.
 A :class:`TurnServer` (in the benchmark's parent) grants one turn at a time over a Unix
 socket; a child holds its turn for each engine call (start-up included: engines start one
 after the other, each sizing its KV cache on a quiet GPU) plus a short gap for its
-asynchronous copies to land. Turns go in rounds, every child once a round, in an order shuffled
-each round: in a fixed order the modes' GPU hits (same engine, same requests) rose with their
-place in it, 9.3 / 9.3 / 10.4 / 10.4 / 12.0 ms on an H200 (LLaVA-1.5-7B shape, 2026-11-26),
-and the last place was always vlmcache's. A child also
-waits at each timed phase until every other live child that has a phase of that name has
-reached it, so ``miss`` is timed against ``miss``. Protocol, one line each way:
-``hello NAME PHASES`` / ``phase NAME`` -> ``ok``; ``want`` -> ``go``; ``done``.
+asynchronous copies to land. Turns go in rounds, every child once a round: in a fixed order
+the modes' GPU hits (same engine, same requests) rose with their place in it, 9.3 / 9.3 /
+10.4 / 10.4 / 12.0 ms on an H200 (LLaVA-1.5-7B shape, 2026-11-26), and the last place was
+always vlmcache's. An order shuffled each round is uneven over a phase: of 64 rounds of three
+children, one child typically takes the first or the last place ~6 times more than its
+share, and with a fixed seed the same child in every run. Rounds therefore come in blocks of
+as many rounds as there are children, each block the rotations of one shuffled order (a
+Latin square): in every block each child takes each place once. Each ``go`` names the place
+it grants; the benchmark records it per request. A child also waits at each timed phase
+until every other live child that has a phase of that name has reached it, so ``miss`` is
+timed against ``miss``. Protocol, one line each way: ``hello NAME PHASES`` / ``phase NAME``
+-> ``ok``; ``want`` -> ``go PLACE``; ``done``.
 """
 
 from __future__ import annotations
@@ -63,6 +68,8 @@ class TurnServer:
         self._children: list[_Child] = []
         self._holder: _Child | None = None
         self._round: list[_Child] = []  # this round's children yet to have their turn
+        self._block: list[list[_Child]] = []  # the block's rounds yet to start
+        self._place = 0  # turns granted in this round so far
         self._round_since = 0.0  # when the round's next child became next
         self._rng = random.Random(0)  # the same orders in every run
         self.turns = 0
@@ -144,7 +151,8 @@ class TurnServer:
         c.wants, c.last_turn, self._holder = False, time.monotonic(), c
         self._round_since = c.last_turn
         self.turns += 1
-        self._send(c, "go")
+        self._send(c, f"go {self._place}")
+        self._place += 1
 
     def _next_in_round(self) -> _Child | None:
         """The first child of the round's order that wants a turn; the round waits up to
@@ -152,8 +160,7 @@ class TurnServer:
         barrier), so that no mode's place is fixed by how fast it asks again."""
         self._round = [c for c in self._round if c.live]
         if not any(c.wants for c in self._round):
-            self._round = [c for c in self._children if c.live]
-            self._rng.shuffle(self._round)
+            self._round, self._place = self._next_order(), 0
             self._round_since = time.monotonic()
         late = time.monotonic() - self._round_since
         for c in self._round:
@@ -165,6 +172,16 @@ class TurnServer:
                 timer.start()
                 return None
         return None
+
+    def _next_order(self) -> list[_Child]:
+        """The next round's order: the next rotation of the block's shuffled order, a new
+        block once it is used up or a child has gone."""
+        live = [c for c in self._children if c.live]
+        names = sorted(c.name for c in live)
+        if not self._block or any(sorted(c.name for c in r) != names for r in self._block):
+            self._rng.shuffle(live)
+            self._block = [live[i:] + live[:i] for i in range(len(live))]
+        return self._block.pop(0)
 
     def _redispatch(self) -> None:
         with self._lock:
@@ -188,6 +205,7 @@ class Turns:
     def __init__(self, path: str, name: str, plan: Sequence[str]) -> None:
         self._conn: socket.socket | None = None
         self.held_s = 0.0  # time spent holding turns
+        self.place: int | None = None  # the last turn's place in its round
         if path:
             self._conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             self._conn.connect(path)
@@ -205,7 +223,7 @@ class Turns:
             yield
             return
         self._send("want")
-        self._expect("go")
+        self.place = int(self._expect("go") or 0)
         start = time.monotonic()
         try:
             yield
@@ -224,7 +242,10 @@ class Turns:
         assert self._conn is not None
         self._conn.sendall(f"{line}\n".encode())
 
-    def _expect(self, word: str) -> None:
+    def _expect(self, word: str) -> str:
+        """The rest of the server's next line, which must start with ``word``."""
         got = self._lines.readline().strip()
-        if got != word:
+        head, _, rest = got.partition(" ")
+        if head != word:
             raise RuntimeError(f"turn server: expected {word!r}, got {got!r}")
+        return rest
