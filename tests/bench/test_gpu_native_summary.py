@@ -181,8 +181,26 @@ def test_paired_ratios_are_per_request_ratios_of_runs_that_took_turns():
     ratios = shape_summary(modes, 16)["paired_ratios"]
     assert ratios["gpu_hit"]["median"] == 1.05  # 1.05, 1.1, 0.75
     assert ratios["gpu_hit"]["geomean"] == round((1.05 * 1.1 * 0.75) ** (1 / 3), 3)
+    assert ratios["gpu_hit"]["per_run"] == [1.05]  # the run's two medians, 21 / 20
     assert ratios["miss"] is None  # no per-request latencies
     assert ratios["restart_vs_native_fs"] is None  # no native fs restart ran
+
+
+def test_per_run_ratios_compare_each_run_with_the_run_beside_it():
+    modes = _modes()
+    for k, (peer, ours) in enumerate(((20.0, 21.0), (26.0, 26.0)), start=1):
+        mark = "" if k == 1 else f"#{k}"
+        pair = [f"vllm{mark}", f"vlmcache{mark}"]
+        modes.setdefault(f"vllm{mark}", {})["gpu_hit"] = {"median_ms": peer,
+                                                         "all_ms": [peer] * 3}
+        modes.setdefault(f"vlmcache{mark}", {})["gpu_hit"] = {"median_ms": ours,
+                                                             "all_ms": [ours] * 3}
+        for m in pair:
+            modes[m]["interleaved_with"] = pair
+    s = shape_summary(modes, 16)
+    assert s["paired_ratios"]["gpu_hit"]["per_run"] == [1.05, 1.0]
+    # pooled, the slower run's samples set both medians
+    assert s["gpu_hit_ms"] == 23.5 and s["vllm_gpu_hit_ms"] == 23.0
 
 
 def test_the_batch_ratio_is_the_median_of_the_repeated_first_sight_batches():

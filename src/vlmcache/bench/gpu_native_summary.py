@@ -129,14 +129,19 @@ def _paired_ratios(modes: dict[str, Any]) -> dict[str, dict[str, float] | None]:
     """For each pair that took turns in one run each, over requests ``i`` (both used the
     same image): the median and the geometric mean of ``ours_i / theirs_i``. Latencies on
     the GPU fall in two clusters a few ms apart, so a median of one mode can jump between
-    them; the geometric mean moves with the share of requests in each."""
-    out: dict[str, dict[str, float] | None] = {}
+    them; the geometric mean moves with the share of requests in each. ``per_run``: each
+    run's ratio of the two medians (a median pooled over runs that landed a few ms apart
+    says more about which runs were slow than about either mode)."""
+    out: dict[str, dict[str, Any] | None] = {}
     for key, (mode, phase), (base, base_phase) in _PAIRED:
-        ratios = [x / y for ours, theirs in _turn_pairs(modes, mode, base)
-                  for x, y in _paired_ms(ours.get(phase), theirs.get(base_phase))]
+        pairs = [(ours.get(phase), theirs.get(base_phase))
+                 for ours, theirs in _turn_pairs(modes, mode, base)]
+        ratios = [x / y for a, b in pairs for x, y in _paired_ms(a, b)]
         out[key] = None if not ratios else {
             "median": round(statistics.median(ratios), 3),
-            "geomean": round(math.exp(statistics.fmean(map(math.log, ratios))), 3)}
+            "geomean": round(math.exp(statistics.fmean(map(math.log, ratios))), 3),
+            "per_run": [round(a["median_ms"] / b["median_ms"], 3) for a, b in pairs
+                        if _paired_ms(a, b)]}
     return out
 
 
