@@ -134,14 +134,13 @@ def _paired_ratios(modes: dict[str, Any]) -> dict[str, dict[str, float] | None]:
     says more about which runs were slow than about either mode)."""
     out: dict[str, dict[str, Any] | None] = {}
     for key, (mode, phase), (base, base_phase) in _PAIRED:
-        pairs = [(ours.get(phase), theirs.get(base_phase))
-                 for ours, theirs in _turn_pairs(modes, mode, base)]
-        ratios = [x / y for a, b in pairs for x, y in _paired_ms(a, b)]
+        runs = [(a, b, ms) for ours, theirs in _turn_pairs(modes, mode, base)
+                if (ms := _paired_ms(a := ours.get(phase), b := theirs.get(base_phase)))]
+        ratios = [x / y for _, _, ms in runs for x, y in ms]
         out[key] = None if not ratios else {
             "median": round(statistics.median(ratios), 3),
             "geomean": round(math.exp(statistics.fmean(map(math.log, ratios))), 3),
-            "per_run": [round(a["median_ms"] / b["median_ms"], 3) for a, b in pairs
-                        if _paired_ms(a, b)]}
+            "per_run": [round(a["median_ms"] / b["median_ms"], 3) for a, b, _ in runs]}
     return out
 
 
