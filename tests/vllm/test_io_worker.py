@@ -71,7 +71,7 @@ def test_child_stores_then_a_new_child_loads_into_other_rows(tmp_path):
     probes: list = []
     t2 = _tier(tmp_path, dst, config, probes)
     keys = [b"k0", b"k1", b"k2"]
-    decision = t2.plan("r2", [t2.key_for(k) for k in keys + [b"never-stored"]])
+    decision = t2.plan("r2", keys + [b"never-stored"])
     assert decision is not None and decision.choice == "load"
     assert all(t2.lookup(k, "r2") for k in keys)
     t2.submit_load(7, keys, [10, 11, 12], "r2")
@@ -114,13 +114,13 @@ def test_plan_skips_the_whole_prefix_when_recompute_is_cheaper(tmp_path):
     t.submit_store(1, [b"k0", b"k1"], [0, 1])
     skip = PersistentKV(store, TierGeometry(NS, 16, ROW), cheap,
                         lambda done: make_executor(config, store, region.rows, None, done))
-    decision = skip.plan("r", [skip.key_for(k) for k in (b"k0", b"k1")])
+    decision = skip.plan("r", [b"k0", b"k1"])
     assert decision is not None and decision.choice == "skip"
     assert decision.tokens == 32 and decision.nbytes == 2 * ROW  # the prefix, not one row
     assert not skip.lookup(b"k0", "r")
     # nothing stored, and loading would lose: a skip the report shows (the tier never
     # writes such rows, a restart must still say why nothing was loaded)
-    nothing = skip.plan("r2", [skip.key_for(k) for k in (b"nothing", b"nothing2")])
+    nothing = skip.plan("r2", [b"nothing", b"nothing2"])
     assert nothing is not None and nothing.choice == "skip" and nothing.tokens == 32
     assert not skip.lookup(b"nothing", "r2")
     assert skip.ledger.pop("r2").to_params()["cost_model_choice"] == "skip"
@@ -139,7 +139,7 @@ def test_a_planned_request_with_nothing_stored_misses_without_a_decision(tmp_pat
     store = open_persistent_kv_store(config)
     t = PersistentKV(store, TierGeometry(NS, 16, ROW), CostModel(CostPriors(1e12, 0.0, 1e3)),
                      lambda done: make_executor(config, store, region.rows, None, done))
-    assert t.plan("r", [t.key_for(k) for k in (b"k0", b"k1")]) is None
+    assert t.plan("r", [b"k0", b"k1"]) is None
     assert not t.lookup(b"k0", "r")
     report = t.ledger.pop("r")
     assert report.planned and report.decision is None

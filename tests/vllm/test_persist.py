@@ -152,3 +152,53 @@ def test_writes_pay_only_where_a_load_would_beat_recompute(tmp_path):
     assert tier(tmp_path / "fast", region).writes_pay(41)
     # 4 KiB rows at 1 KB/s against a 1e9 tokens/s prefill: a load never wins
     assert not tier(tmp_path / "slow", region, read=1e3).writes_pay(41)
+
+
+class _CountingIndex:
+    """A store index that counts the scheduler's questions."""
+
+    def __init__(self, inner: DiskStore) -> None:
+        self.inner, self.asked = inner, 0
+
+    def contains(self, key: str) -> bool:
+        self.asked += 1
+        return self.inner.contains(key)
+
+
+def _counted_tier(root: Path, region: np.ndarray) -> tuple[PersistentKV, _CountingIndex]:
+    store = DiskStore(root, 10**9)
+    index = _CountingIndex(store)
+    t = PersistentKV(index, TierGeometry(NS, 16, int(region.shape[1])),
+                     CostModel(CostPriors(1e12, 0.0, 1e9)),
+                     lambda done: InlineIO(RowMover(store, region, threads=1), done))
+    return t, index
+
+
+def test_expected_chunks_ask_the_store_nothing_until_vllm_looks_one_up(tmp_path):
+    src = rows()
+    writer = tier(tmp_path, src)
+    writer.submit_store(1, [b"k0", b"k1", b"k2"], [0, 1, 2])
+    t, index = _counted_tier(tmp_path, np.zeros_like(src))
+    # a CPU-tier hit: vLLM's CPU tier serves every chunk, this tier is never asked
+    t.expect("cpu-hit", [b"k0", b"k1", b"k2", b"k3"])
+    assert index.asked == 0
+    report = t.ledger.pop("cpu-hit")
+    assert not report.planned and "cost_model_choice" not in report.to_params()
+    # vLLM's CPU tier lacks k1 onward: the plan covers the stored prefix from there
+    t.expect("r", [b"k0", b"k1", b"k2", b"k3"])
+    assert t.lookup(b"k1", "r") and t.lookup(b"k2", "r") and not t.lookup(b"k3", "r")
+    report = t.ledger.pop("r")
+    assert report.planned and report.decision is not None
+    assert report.decision.tokens == 2 * 16 and report.decision.nbytes == 2 * ROW
+    assert report.chunks_found == 2
+
+
+def test_a_lookup_the_connector_did_not_expect_is_decided_alone(tmp_path):
+    src = rows()
+    writer = tier(tmp_path, src)
+    writer.submit_store(1, [b"k0", b"other"], [0, 1])
+    t, _ = _counted_tier(tmp_path, np.zeros_like(src))
+    t.expect("r", [b"k0"])
+    assert t.lookup(b"other", "r")  # not among the expected keys: this chunk alone
+    report = t.ledger.pop("r")
+    assert not report.planned and report.decision.tokens == 16

@@ -204,8 +204,9 @@ class VlmCacheOffloadingConnector(OffloadingConnector):
     def _first_sight(self, request: Any, track: _RequestTrack, num_computed_tokens: int) -> None:
         """Once per request, on its chunks' keys: record those vLLM's GPU prefix cache holds
         (vLLM offers them for storing too, and second-sight admission must not take a GPU
-        hit for a computation), and let each persistent tier decide load-or-skip once for
-        the stored prefix beyond them (a per-prefix cost, not a per-chunk one)."""
+        hit for a computation), and hand each persistent tier the chunks beyond them, so it
+        decides load-or-skip once for its stored prefix (a per-prefix cost, not a per-chunk
+        one) if vLLM asks it for one of them."""
         rt = self._runtime
         if rt is None:
             return
@@ -217,10 +218,9 @@ class VlmCacheOffloadingConnector(OffloadingConnector):
         keys = self._offload_keys(request, track)
         if resident and keys:
             rt.gpu_resident[request.request_id] = frozenset(keys[:first])
-        chunk_keys = self._chunk_keys(request, track) if plan else []
-        if chunk_keys[first:]:
+        if plan and keys[first:]:
             for tier in rt.tiers:
-                tier.plan(request.request_id, chunk_keys[first:])
+                tier.expect(request.request_id, keys[first:])
 
     def _tier_report(self, req_id: str) -> TierRequestReport | None:
         if self._runtime is None:

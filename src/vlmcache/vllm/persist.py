@@ -13,8 +13,11 @@ vlmcache namespace digest (model, weights, processor, KV layout incl. TP size, s
 chunk is only ever reloaded by an engine of the identical configuration and tenant.
 
 Cost: the load-or-recompute choice is made once per request, for its whole stored prefix
-(:meth:`PersistentKV.plan`, called by the connector, which knows the request's chunk keys):
-one fixed cost and all the prefix's bytes against recomputing all its tokens.
+(:meth:`PersistentKV.plan`): one fixed cost and all the prefix's bytes against recomputing all
+its tokens. The connector hands the tier the request's chunk keys when it first sees the
+request (:meth:`PersistentKV.expect`); the plan is made at the tier's first lookup for it,
+which vLLM makes only for a chunk its CPU tier lacks, so a CPU-tier hit never touches the
+store (41 file checks and key hashes on a Qwen2-VL-7B-shaped CPU hit's scheduling step).
 """
 
 from __future__ import annotations
@@ -65,6 +68,9 @@ class TierRequestReport:
     #: True once ``plan`` ran: ``decision`` then covers the request's whole stored prefix
     planned: bool = False
     stored_chunks: int = 0
+    #: the request's chunks beyond vLLM's GPU prefix (vLLM's offload keys, in order), until
+    #: the plan is made from them
+    expected: tuple[bytes, ...] = field(default=(), repr=False)
 
     def to_params(self) -> dict[str, object]:
         out: dict[str, object] = {"persistent_chunks_found": self.chunks_found,
@@ -152,21 +158,27 @@ class PersistentKV:
 
     # ---- scheduler-facing calls (side-effect free on the store, never block on I/O) --------
 
-    def plan(self, req_id: str, chunk_keys: Sequence[str]) -> CostDecision | None:
-        """Decide load-or-skip once for ``req_id``'s stored prefix (``chunk_keys``: the store
-        keys, :meth:`key_for`, of its chunks not already in vLLM's GPU cache, in order;
-        the connector has them for the request's report too). With nothing stored: a skip
-        where loading all of them would lose (the tier never writes such rows, so the
-        ReuseReport says why nothing was loaded), else ``None`` (a plain miss). Either way
-        the request's lookups then miss without asking the store again."""
+    def expect(self, req_id: str, offload_keys: Sequence[bytes]) -> None:
+        """Note ``req_id``'s chunks not already in vLLM's GPU cache (vLLM's offload keys, in
+        order); the load-or-skip plan is made from them at this tier's first lookup for the
+        request (:meth:`lookup`). Nothing is hashed or asked of the store here."""
+        if offload_keys:
+            self.ledger.get(req_id).expected = tuple(offload_keys)
+
+    def plan(self, req_id: str, offload_keys: Sequence[bytes]) -> CostDecision | None:
+        """Decide load-or-skip once for ``req_id``'s stored prefix (``offload_keys``: vLLM's
+        offload keys of its chunks from the first one vLLM lacks, in order). With nothing
+        stored: a skip where loading all of them would lose (the tier never writes such
+        rows, so the ReuseReport says why nothing was loaded), else ``None`` (a plain miss).
+        Either way the request's lookups then miss without asking the store again."""
         stored = 0
-        for key in chunk_keys:
-            if not self._index.contains(key):
+        for key in offload_keys:
+            if not self._index.contains(self.key_for(key)):
                 break
             stored += 1
         report = self.ledger.get(req_id)
-        report.planned = True
-        n = stored or len(chunk_keys)
+        report.planned, report.expected = True, ()
+        n = stored or len(offload_keys)
         if not n:
             return None
         decision = self.cost.decide(n * self.tokens_per_chunk, n * self.row_bytes)
@@ -182,6 +194,8 @@ class PersistentKV:
     def lookup(self, offload_key: bytes, req_id: str) -> bool:
         """Whether to promise ``offload_key`` for ``req_id``: stored and worth loading."""
         report = self.ledger.get(req_id)
+        if not report.planned and report.expected:
+            self._plan_from(req_id, report.expected, offload_key)
         if report.decision is None:
             if report.planned:  # the plan found nothing stored for this request
                 return False
@@ -194,6 +208,15 @@ class PersistentKV:
             return False
         report.chunks_found += 1
         return True
+
+    def _plan_from(self, req_id: str, expected: tuple[bytes, ...], first: bytes) -> None:
+        """Plan from ``first``, the first chunk vLLM looked for beyond its CPU tier; a key
+        the connector did not hand over (another KV group) is decided chunk by chunk."""
+        try:
+            at = expected.index(first)
+        except ValueError:
+            return
+        self.plan(req_id, expected[at:])
 
     def writes_pay(self, n_chunks: int) -> bool:
         """Whether ``submit_store`` would write ``n_chunks`` rows now."""
