@@ -203,6 +203,14 @@ class Cascade:
         if self.exact is not None:
             self.exact.record(prompt, image_hashes, tenant, chunk_keys, prompt_tokens)
 
+    def record_served(self, res: Resolution, tenant: str | None, chunk_keys: Sequence[str],
+                      prompt_tokens: int) -> None:
+        """After a request was served: record its KV keys under the prompt vLLM got, unless
+        an exact or text record decided it (that record already names the prompt; a GPU
+        hit on it would only rewrite the same record and append it to the tier's log)."""
+        if res.hit_tier in (None, VISION_LAYER) and chunk_keys:
+            self.capture(res.prompt, res.image_hashes, tenant, chunk_keys, prompt_tokens)
+
     def remember(self, req: CascadeRequest, res: Resolution) -> None:
         """Make a served request's images and question canonical where they were not."""
         if self.image is not None and res.statuses.get(VISION_LAYER) == "miss":

@@ -118,6 +118,28 @@ def test_image_only_hit_keeps_question_and_miss_is_remembered():
     assert text.recorded[1].context != text.recorded[0].context  # about a, about c
 
 
+class RecordingExact(FakeExact):
+    def __init__(self, known):
+        super().__init__(known)
+        self.recorded = []
+
+    def record(self, prompt, hashes, tenant, chunk_keys, prompt_tokens):
+        self.recorded.append((prompt, tuple(hashes), tuple(chunk_keys)))
+
+
+def test_a_served_request_is_recorded_unless_a_record_decided_it():
+    exact = RecordingExact({(PROMPT, ("a",)): PROMPT})
+    cascade = Cascade(exact, FakeImage({"b": ("a", 0.93)}), FakeText())
+    hit = cascade.resolve(PROMPT, ("a",), None, images=("A",))
+    cascade.record_served(hit, None, ("k1", "k2"), 70)  # a GPU hit on the record: no rewrite
+    near = cascade.resolve(PROMPT, ("b",), None, images=("B",))  # canonical image: recorded
+    cascade.record_served(near, None, ("k1",), 70)
+    miss = cascade.resolve(PROMPT, ("c",), None, images=("C",))
+    cascade.record_served(miss, None, (), 70)  # no KV keys (KV cache off): nothing to name
+    cascade.record_served(miss, None, ("k3",), 70)
+    assert exact.recorded == [(PROMPT, ("a",), ("k1",)), (PROMPT, ("c",), ("k3",))]
+
+
 def test_no_tiers_configured():
     res = Cascade(None).resolve(PROMPT, (), None)
     assert res.hit_tier is None and res.statuses == {"exact_text": "skip"}

@@ -19,8 +19,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from vlmcache.cascade import (RESPONSE_TIER, VISION_LAYER, Cascade, CascadeRequest, Resolution,
-                              TierStatus, build_cascade)
+from vlmcache.cascade import (RESPONSE_TIER, Cascade, CascadeRequest, Resolution, TierStatus,
+                              build_cascade)
 from vlmcache.config import VlmCacheConfig
 from vlmcache.errors import RequestError
 from vlmcache.report import EncoderReuse, KVReuse, ReuseReport, build_report
@@ -225,9 +225,7 @@ class CascadeFront:
         """Make this request findable: exact record and canonical images/questions."""
         assert req.transcript is not None
         with self._lock:
-            if res.hit_tier in (None, VISION_LAYER):
-                self.cascade.capture(res.prompt, res.image_hashes, req.tenant,
-                                     report.chunk_keys, report.prompt_tokens)
+            self.cascade.record_served(res, req.tenant, report.chunk_keys, report.prompt_tokens)
             self.cascade.remember(CascadeRequest(
                 req.transcript, res.image_hashes, req.tenant,
                 tuple(ref.image for ref in req.images), req.question), res)
