@@ -3,8 +3,17 @@ import pytest
 from PIL import Image
 
 from vlmcache.errors import ConfigError
-from vlmcache.keys import (MultiModalSpan, Namespace, block_keys, image_content_hash,
-                           processor_digest, tenant_scope, weights_revision)
+from vlmcache.keys import (
+    KVRowKeys,
+    MultiModalSpan,
+    Namespace,
+    block_keys,
+    image_content_hash,
+    kv_row_key,
+    processor_digest,
+    tenant_scope,
+    weights_revision,
+)
 
 
 def ns(**over):
@@ -86,3 +95,12 @@ def test_processor_digest_tracks_processor_files(tmp_path):
     d1 = processor_digest(tmp_path)
     (tmp_path / "preprocessor_config.json").write_text('{"size": 336}')
     assert len({d0, d1, processor_digest(tmp_path)}) == 3
+
+
+def test_kv_row_keys_are_bound_to_the_namespace_and_kept_in_order():
+    assert kv_row_key("a" * 64, b"k0") != kv_row_key("b" * 64, b"k0")
+    assert kv_row_key("a" * 64, b"k0") != kv_row_key("a" * 64, b"k1")
+    packed = KVRowKeys.pack("a" * 64, [b"\x00k0", b"k1"])
+    assert packed.offload_keys == "006b30,6b31"
+    assert packed.store_keys == (kv_row_key("a" * 64, b"\x00k0"), kv_row_key("a" * 64, b"k1"))
+    assert KVRowKeys.pack("a" * 64, []).store_keys == ()

@@ -9,6 +9,7 @@ behind the same placeholder ids never alias, and neither do two tenants.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -142,6 +143,43 @@ def is_minted_image_uuid(identifier: str) -> bool:
 def encoder_output_key(namespace_digest: str, identifier: str) -> str:
     """Store key of one image's encoder output under a namespace."""
     return hashlib.sha256(f"encoder\0{namespace_digest}\0{identifier}".encode()).hexdigest()
+
+
+def kv_row_key(namespace_digest: str, offload_key: bytes) -> str:
+    """Store key of one vLLM KV offload row (``offload_key``: the chunk's last block hash,
+    which folds in the request's cache salt and image identities) under a namespace."""
+    return hashlib.sha256(namespace_digest.encode() + b"\0kv-row\0" + offload_key).hexdigest()
+
+
+@dataclass(frozen=True)
+class KVRowKeys:
+    """A request's KV rows as the KV connector reports them: vLLM's offload keys of its full
+    prompt chunks (hex, comma-joined) and the namespace their store keys fold in.
+
+    The store keys (one SHA-256 each: 41 for a 665-token prompt) are derived only where a
+    record needs them, in the caller, not on the engine's step loop for every request.
+    """
+
+    namespace_digest: str = ""
+    offload_keys: str = ""
+
+    @classmethod
+    def pack(cls, namespace_digest: str, offload_keys: Sequence[bytes]) -> "KVRowKeys":
+        return cls(namespace_digest, ",".join(k.hex() for k in offload_keys))
+
+    @functools.cached_property
+    def store_keys(self) -> tuple[str, ...]:
+        """The chunk store keys, in prompt order; none if the connector's value is malformed
+        (a record without keys is a miss later, never a wrong row)."""
+        if not self.namespace_digest or not self.offload_keys:
+            return ()
+        try:
+            raw = [bytes.fromhex(h) for h in self.offload_keys.split(",")]
+        except ValueError:
+            logger.warning("vlmcache: malformed offload keys in kv_transfer_params; the "
+                           "request's KV is not recorded")
+            return ()
+        return tuple(kv_row_key(self.namespace_digest, k) for k in raw)
 
 
 def image_content_hash(image: object) -> str:

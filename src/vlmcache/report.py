@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Mapping
 
 from vlmcache.cascade import RESPONSE_TIER, STATUS_ORDER, Resolution, TierStatus
+from vlmcache.keys import KVRowKeys
 
 
 def _opt_str(value: object) -> str | None:
@@ -21,7 +22,7 @@ class KVReuse:
     tokens_from_prefix_cache: int = 0
     blocks_saved: int = 0
     load_failed_blocks: int = 0
-    chunk_keys: tuple[str, ...] = ()
+    row_keys: KVRowKeys = field(default_factory=KVRowKeys, repr=False)
     bypass: bool = False
     cost_model_choice: str | None = None  # issue 11: "load"/"skip" of the persistent tier
     cost_model_reason: str | None = None  # issue 11
@@ -39,12 +40,13 @@ class KVReuse:
             value = ours.get(name, 0)
             return int(value) if isinstance(value, (int, float)) else 0
 
-        keys = ours.get("chunk_keys", ())
+        keys = KVRowKeys(_opt_str(ours.get("namespace")) or "",
+                         _opt_str(ours.get("offload_keys")) or "")
         return cls(prompt_tokens=num("prompt_tokens"), tokens_loaded=num("tokens_loaded"),
                    tokens_from_prefix_cache=num("tokens_from_prefix_cache"),
                    blocks_saved=num("blocks_saved"),
                    load_failed_blocks=num("load_failed_blocks"),
-                   chunk_keys=tuple(str(k) for k in keys) if isinstance(keys, list) else (),
+                   row_keys=keys,
                    bypass=bool(ours.get("bypass", False)),
                    cost_model_choice=_opt_str(ours.get("cost_model_choice")),  # issue 11
                    cost_model_reason=_opt_str(ours.get("cost_model_reason")))
@@ -126,13 +128,19 @@ class ReuseReport:
     image_similarity: tuple[float, ...] = ()
     gate_refused: tuple[str, ...] = ()
     ttft_s: float | None = None
-    chunk_keys: tuple[str, ...] = field(default=(), repr=False)
+    row_keys: KVRowKeys = field(default_factory=KVRowKeys, repr=False)
     kv_cost_choice: str | None = None  # issue 11: the persistent KV tier's load/skip choice
     kv_cost_reason: str | None = None  # issue 11: predicted load vs recompute times
 
     @property
     def hit(self) -> bool:
         return self.hit_tier is not None
+
+    @property
+    def chunk_keys(self) -> tuple[str, ...]:
+        """Store keys of the prompt's full KV chunks (what the persistent tier holds or
+        will hold for this request), in prompt order."""
+        return self.row_keys.store_keys
 
     def log_line(self) -> str:
         """The seeds' line: ``[id] hit (text:exact) | latency=0.032s | exact_text=hit, ...``."""
@@ -194,7 +202,7 @@ def build_report(request_id: str, res: Resolution | None, kv: KVReuse | None,
         tokens_computed=max(prompt_tokens - kv.tokens_loaded - l0, 0),
         blocks_saved=kv.blocks_saved, load_failed_blocks=kv.load_failed_blocks,
         images_encoded=enc.computed if enc else 0, images_loaded=enc.loaded if enc else 0,
-        latency_s=latency_s, ttft_s=ttft_s, chunk_keys=kv.chunk_keys,
+        latency_s=latency_s, ttft_s=ttft_s, row_keys=kv.row_keys,
         kv_cost_choice=kv.cost_model_choice, kv_cost_reason=kv.cost_model_reason,
         canonical_question=rw.canonical_question if rw else None,
         canonical_images=rw.canonical_images if canonical and rw else (),

@@ -76,7 +76,8 @@ class FakeEngineApp:
                             "message": {"role": "assistant", "content": text}}],
                "usage": {"prompt_tokens": 96, "completion_tokens": 2, "total_tokens": 98},
                "kv_transfer_params": {"vlmcache": {"prompt_tokens": 96, "tokens_loaded": 64,
-                                                   "chunk_keys": ["k1", "k2"]}}}
+                                                   "namespace": "n" * 64,
+                                                   "offload_keys": "6b31,6b32"}}}
         await self._send(send, 200, json.dumps(out).encode(), b"application/json")
 
     @staticmethod

@@ -5,10 +5,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from vlmcache.keys import kv_row_key
 from vlmcache.store.disk import DiskStore
 from vlmcache.vllm.cost import CostModel, CostPriors
 from vlmcache.vllm.io_worker import InlineIO, ThreadIO
-from vlmcache.vllm.persist import PersistentKV, TierGeometry, store_key
+from vlmcache.vllm.persist import PersistentKV, TierGeometry
 from vlmcache.vllm.row_io import RowMover
 
 ROW = 4096
@@ -56,7 +57,7 @@ def test_another_namespace_never_finds_the_rows(tmp_path):
     other = tier(tmp_path, np.zeros_like(src), ns="b" * 64)
     assert t.lookup(b"k0", "r")
     assert not other.lookup(b"k0", "r")
-    assert store_key(NS, b"k0") != store_key("b" * 64, b"k0")
+    assert kv_row_key(NS, b"k0") != kv_row_key("b" * 64, b"k0")
 
 
 def test_a_corrupt_chunk_fails_its_load_job_and_is_reported(tmp_path):
@@ -64,7 +65,7 @@ def test_a_corrupt_chunk_fails_its_load_job_and_is_reported(tmp_path):
     t = tier(tmp_path, src)
     t.submit_store(1, [b"k0"], [0])
     t.finished()
-    path = next((tmp_path / "chunks").rglob(store_key(NS, b"k0") + "*"))
+    path = next((tmp_path / "chunks").rglob(kv_row_key(NS, b"k0") + "*"))
     data = bytearray(path.read_bytes())
     data[-10] ^= 0xFF
     path.write_bytes(bytes(data))
@@ -80,7 +81,7 @@ def test_a_corrupt_chunk_mid_prompt_keeps_the_prefix_before_it(tmp_path):
     src = rows()
     t = tier(tmp_path, src)
     t.submit_store(1, [b"k0", b"k1", b"k2"], [0, 1, 2])
-    path = next((tmp_path / "chunks").rglob(store_key(NS, b"k1") + "*"))
+    path = next((tmp_path / "chunks").rglob(kv_row_key(NS, b"k1") + "*"))
     path.write_bytes(path.read_bytes()[:100])  # truncated
     dst = np.zeros_like(src)
     t2 = tier(tmp_path, dst)

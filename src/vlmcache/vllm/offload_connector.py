@@ -27,6 +27,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.offloading_connector import (
     OffloadingConnector,
 )
 
+from vlmcache.keys import KVRowKeys
 from vlmcache.vllm import compat
 from vlmcache.vllm.logs import attach_to_vllm_logging
 from vlmcache.vllm.namespace import namespace_for_engine
@@ -37,7 +38,7 @@ from vlmcache.vllm.offload_spec import (
     runtime_for,
     vlmcache_config,
 )
-from vlmcache.vllm.persist import TierRequestReport, store_key
+from vlmcache.vllm.persist import TierRequestReport
 
 logger = logging.getLogger(__name__)
 
@@ -52,10 +53,9 @@ class _RequestTrack:
     from_prefix_cache: int = 0
     loaded: int = 0
     bypass: bool = False
-    #: vLLM's offload keys of the prompt's full chunks and their store keys, each computed
-    #: once per request (the scheduler's step loop pays for every hash: a CPU hit waits on it)
+    #: vLLM's offload keys of the prompt's full chunks, computed once per request (the
+    #: scheduler's step loop pays for every hash: a CPU hit waits on it)
     offload_keys: list[bytes] | None = None
-    chunk_keys: list[str] | None = None
 
 
 def _wants_bypass(request: Any) -> bool:
@@ -188,18 +188,15 @@ class VlmCacheOffloadingConnector(OffloadingConnector):
             track.offload_keys = keys
         return keys
 
-    def _chunk_keys(self, request: Any, track: _RequestTrack) -> list[str]:
-        """Store keys of the request's full prompt chunks (what the persistent tier holds
-        or will hold for it)."""
-        if track.chunk_keys is not None:
-            return track.chunk_keys
+    def _row_keys(self, request: Any, track: _RequestTrack) -> dict[str, str]:
+        """The request's full prompt chunks, as the caller derives their store keys (what
+        the persistent tier holds or will hold for it): hashing them here would put 41
+        SHA-256s of a 665-token prompt on the step loop, for every request."""
         rt = self._runtime
         if rt is None or not rt.namespace_digest:
-            return []
-        keys = [store_key(rt.namespace_digest, k) for k in self._offload_keys(request, track)]
-        if track.offload_keys is not None:  # all of the prompt's chunks: final
-            track.chunk_keys = keys
-        return keys
+            return {}
+        keys = KVRowKeys.pack(rt.namespace_digest, self._offload_keys(request, track))
+        return {"namespace": keys.namespace_digest, "offload_keys": keys.offload_keys}
 
     def _first_sight(self, request: Any, track: _RequestTrack, num_computed_tokens: int) -> None:
         """Once per request, on its chunks' keys: record those vLLM's GPU prefix cache holds
@@ -243,7 +240,7 @@ class VlmCacheOffloadingConnector(OffloadingConnector):
             "prompt_tokens": track.prompt_tokens, "tokens_loaded": track.loaded,
             "tokens_from_prefix_cache": track.from_prefix_cache, "blocks_saved": 0,
             "load_failed_blocks": 0, "bypass": track.bypass,
-            "chunk_keys": self._chunk_keys(request, track)}
+            **self._row_keys(request, track)}
         tier = self._tier_report(request.request_id)
         if tier is not None:
             ours.update(tier.to_params())

@@ -22,13 +22,13 @@ store (41 file checks and key hashes on a Qwen2-VL-7B-shaped CPU hit's schedulin
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Callable, Protocol, Sequence
 
+from vlmcache.keys import kv_row_key
 from vlmcache.vllm.cost import CostDecision, CostModel
 from vlmcache.vllm.io_worker import ChildIO, RowExecutor
 from vlmcache.vllm.row_io import JobOutcome, RowJob
@@ -105,11 +105,6 @@ class _Ledger:
             return self.reports.pop(req_id, None)
 
 
-def store_key(namespace_digest: str, offload_key: bytes) -> str:
-    """The chunk store key of vLLM offload key ``offload_key`` under a namespace."""
-    return hashlib.sha256(namespace_digest.encode() + b"\0kv-row\0" + offload_key).hexdigest()
-
-
 @dataclass(frozen=True)
 class TierGeometry:
     """The namespace every key is bound to, and one row's size in tokens and bytes."""
@@ -154,7 +149,7 @@ class PersistentKV:
         return not isinstance(self._io, ChildIO)
 
     def key_for(self, offload_key: bytes) -> str:
-        return store_key(self._geo.namespace_digest, offload_key)
+        return kv_row_key(self._geo.namespace_digest, offload_key)
 
     # ---- scheduler-facing calls (side-effect free on the store, never block on I/O) --------
 
