@@ -193,7 +193,7 @@ class CachedLLM:
 
     def _remember(self, req: VlmRequest, res: Resolution, report: ReuseReport) -> None:
         """Record what this request computed, for the exact and similarity tiers."""
-        self._cascade.record_served(res, req.tenant, report.chunk_keys, report.prompt_tokens)
+        self._cascade.record_served(res, req.tenant, report.row_keys, report.prompt_tokens)
         self._cascade.remember(
             CascadeRequest(req.prompt, res.image_hashes, req.tenant, req.images, req.question),
             res)

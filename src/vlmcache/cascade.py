@@ -13,6 +13,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any, Literal, Sequence
 
+from vlmcache.keys import KVRowKeys
 from vlmcache.tiers import calibration
 from vlmcache.tiers.exact import ExactRecord, ExactTextTier
 from vlmcache.tiers.gates import check_paraphrase
@@ -203,13 +204,17 @@ class Cascade:
         if self.exact is not None:
             self.exact.record(prompt, image_hashes, tenant, chunk_keys, prompt_tokens)
 
-    def record_served(self, res: Resolution, tenant: str | None, chunk_keys: Sequence[str],
+    def record_served(self, res: Resolution, tenant: str | None, row_keys: KVRowKeys,
                       prompt_tokens: int) -> None:
         """After a request was served: record its KV keys under the prompt vLLM got, unless
         an exact or text record decided it (that record already names the prompt; a GPU
-        hit on it would only rewrite the same record and append it to the tier's log)."""
-        if res.hit_tier in (None, VISION_LAYER) and chunk_keys:
-            self.capture(res.prompt, res.image_hashes, tenant, chunk_keys, prompt_tokens)
+        hit on it would only rewrite the same record and append it to the tier's log, and
+        its store keys are not even derived: 41 SHA-256s on a 665-token prompt's return)."""
+        if self.exact is None or res.hit_tier not in (None, VISION_LAYER):
+            return  # nothing would take the keys: they are not derived
+        if row_keys.store_keys:
+            self.capture(res.prompt, res.image_hashes, tenant, row_keys.store_keys,
+                         prompt_tokens)
 
     def remember(self, req: CascadeRequest, res: Resolution) -> None:
         """Make a served request's images and question canonical where they were not."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from vlmcache.cascade import STATUS_ORDER, Candidates, Cascade, CascadeRequest
+from vlmcache.keys import KVRowKeys, kv_row_key
 from vlmcache.testing.text_embedder import HashedBagOfWords
 from vlmcache.tiers.exact import ExactRecord
 from vlmcache.tiers.image_embedding import ImageMatch
@@ -15,6 +16,7 @@ from vlmcache.tiers.semantic_text import (
 )
 
 PROMPT = "USER: <image>\nWhat color is the car? ASSISTANT:"
+NS = "a" * 64
 
 
 class FakeExact:
@@ -131,13 +133,19 @@ def test_a_served_request_is_recorded_unless_a_record_decided_it():
     exact = RecordingExact({(PROMPT, ("a",)): PROMPT})
     cascade = Cascade(exact, FakeImage({"b": ("a", 0.93)}), FakeText())
     hit = cascade.resolve(PROMPT, ("a",), None, images=("A",))
-    cascade.record_served(hit, None, ("k1", "k2"), 70)  # a GPU hit on the record: no rewrite
+    on_hit = KVRowKeys.pack(NS, [b"k1", b"k2"])
+    cascade.record_served(hit, None, on_hit, 70)  # a GPU hit on the record: no rewrite
+    assert "store_keys" not in vars(on_hit)  # nor its store keys derived
     near = cascade.resolve(PROMPT, ("b",), None, images=("B",))  # canonical image: recorded
-    cascade.record_served(near, None, ("k1",), 70)
+    cascade.record_served(near, None, KVRowKeys.pack(NS, [b"k1"]), 70)
     miss = cascade.resolve(PROMPT, ("c",), None, images=("C",))
-    cascade.record_served(miss, None, (), 70)  # no KV keys (KV cache off): nothing to name
-    cascade.record_served(miss, None, ("k3",), 70)
-    assert exact.recorded == [(PROMPT, ("a",), ("k1",)), (PROMPT, ("c",), ("k3",))]
+    cascade.record_served(miss, None, KVRowKeys(), 70)  # no KV keys (KV cache off)
+    cascade.record_served(miss, None, KVRowKeys.pack(NS, [b"k3"]), 70)
+    k1, k3 = kv_row_key(NS, b"k1"), kv_row_key(NS, b"k3")
+    assert exact.recorded == [(PROMPT, ("a",), (k1,)), (PROMPT, ("c",), (k3,))]
+    unused = KVRowKeys.pack(NS, [b"k4"])
+    Cascade(None).record_served(miss, None, unused, 70)  # no exact tier: no record to key
+    assert "store_keys" not in vars(unused)
 
 
 def test_no_tiers_configured():

@@ -225,7 +225,7 @@ class CascadeFront:
         """Make this request findable: exact record and canonical images/questions."""
         assert req.transcript is not None
         with self._lock:
-            self.cascade.record_served(res, req.tenant, report.chunk_keys, report.prompt_tokens)
+            self.cascade.record_served(res, req.tenant, report.row_keys, report.prompt_tokens)
             self.cascade.remember(CascadeRequest(
                 req.transcript, res.image_hashes, req.tenant,
                 tuple(ref.image for ref in req.images), req.question), res)
