@@ -17,7 +17,7 @@ import os
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import numpy as np
 
@@ -166,6 +166,18 @@ class KVRowKeys:
     @classmethod
     def pack(cls, namespace_digest: str, offload_keys: Sequence[bytes]) -> "KVRowKeys":
         return cls(namespace_digest, ",".join(k.hex() for k in offload_keys))
+
+    def to_params(self) -> dict[str, str]:
+        """The connector's ``kv_transfer_params["vlmcache"]`` entries."""
+        return {"namespace": self.namespace_digest, "offload_keys": self.offload_keys}
+
+    @classmethod
+    def from_params(cls, ours: Mapping[str, object]) -> "KVRowKeys":
+        """Read back :meth:`to_params`' entries; a missing or non-string one gives none."""
+        namespace, keys = ours.get("namespace"), ours.get("offload_keys")
+        if not isinstance(namespace, str) or not isinstance(keys, str):
+            return cls()
+        return cls(namespace, keys)
 
     @functools.cached_property
     def store_keys(self) -> tuple[str, ...]:

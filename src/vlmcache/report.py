@@ -40,13 +40,11 @@ class KVReuse:
             value = ours.get(name, 0)
             return int(value) if isinstance(value, (int, float)) else 0
 
-        keys = KVRowKeys(_opt_str(ours.get("namespace")) or "",
-                         _opt_str(ours.get("offload_keys")) or "")
         return cls(prompt_tokens=num("prompt_tokens"), tokens_loaded=num("tokens_loaded"),
                    tokens_from_prefix_cache=num("tokens_from_prefix_cache"),
                    blocks_saved=num("blocks_saved"),
                    load_failed_blocks=num("load_failed_blocks"),
-                   row_keys=keys,
+                   row_keys=KVRowKeys.from_params(ours),
                    bypass=bool(ours.get("bypass", False)),
                    cost_model_choice=_opt_str(ours.get("cost_model_choice")),  # issue 11
                    cost_model_reason=_opt_str(ours.get("cost_model_reason")))

@@ -195,8 +195,7 @@ class VlmCacheOffloadingConnector(OffloadingConnector):
         rt = self._runtime
         if rt is None or not rt.namespace_digest:
             return {}
-        keys = KVRowKeys.pack(rt.namespace_digest, self._offload_keys(request, track))
-        return {"namespace": keys.namespace_digest, "offload_keys": keys.offload_keys}
+        return KVRowKeys.pack(rt.namespace_digest, self._offload_keys(request, track)).to_params()
 
     def _first_sight(self, request: Any, track: _RequestTrack, num_computed_tokens: int) -> None:
         """Once per request, on its chunks' keys: record those vLLM's GPU prefix cache holds
