@@ -4,7 +4,7 @@
     python benchmarks/cpu_exact.py --model-size smollm --out benchmarks/results/cpu-exact-smollm.json
 """
 
-from vlmcache.bench.exact_latency import main
+from vlmcache_lab.exact_latency import main
 
 if __name__ == "__main__":
     main()

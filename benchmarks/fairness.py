@@ -3,7 +3,7 @@
     python benchmarks/fairness.py        # writes benchmarks/results/fairness.json
 """
 
-from vlmcache.bench.fairness import main
+from vlmcache_lab.fairness import main
 
 if __name__ == "__main__":
     main()

@@ -4,7 +4,7 @@
     python benchmarks/fidelity.py --images 20 --out /tmp/fidelity.json
 """
 
-from vlmcache.bench.fidelity import main
+from vlmcache_lab.fidelity import main
 
 if __name__ == "__main__":
     main()

@@ -11,7 +11,7 @@ Both shapes write into the same JSON (``shapes``: the targets' figures; ``modes`
 measurement).
 """
 
-from vlmcache.bench.gpu_native_path import main
+from vlmcache_lab.gpu_native_path import main
 
 if __name__ == "__main__":
     main()

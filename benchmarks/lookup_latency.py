@@ -4,7 +4,7 @@
     python benchmarks/lookup_latency.py --entries 20000 --out /tmp/lookup-latency.json
 """
 
-from vlmcache.bench.lookup_latency import main
+from vlmcache_lab.lookup_latency import main
 
 if __name__ == "__main__":
     main()

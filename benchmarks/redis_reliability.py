@@ -18,8 +18,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from vlmcache.bench import redis_faults as rf
-from vlmcache.bench.reliability import merge
+from vlmcache_lab import redis_faults as rf
+from vlmcache_lab.reliability import merge
 from vlmcache.testing.redis_server import RedisServer
 
 

@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from redis_reliability import device  # noqa: E402
 
-from vlmcache.bench.redis_replicas import result_dict, run_replicas  # noqa: E402
+from vlmcache_lab.redis_replicas import result_dict, run_replicas  # noqa: E402
 from vlmcache.testing.redis_server import RedisServer  # noqa: E402
 from vlmcache.testing.tiny_llava import build_tiny_llava  # noqa: E402
 

@@ -5,7 +5,7 @@ during sync and async writes, 4 processes on one store, hostile names, planted s
     python benchmarks/reliability.py [--trials 50] [--out benchmarks/results/reliability.json]
 """
 
-from vlmcache.bench.reliability import main
+from vlmcache_lab.reliability import main
 
 if __name__ == "__main__":
     main()

@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from redis_reliability import device  # noqa: E402
 from redis_replicas import put_replicas  # noqa: E402
 
-from vlmcache.bench.replicas_http import result_dict, run_http_replicas  # noqa: E402
+from vlmcache_lab.replicas_http import result_dict, run_http_replicas  # noqa: E402
 from vlmcache.models.tiny_vqa import build_tiny_vqa  # noqa: E402
 from vlmcache.testing.redis_server import RedisServer  # noqa: E402
 

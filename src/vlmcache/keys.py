@@ -198,7 +198,7 @@ def image_content_hash(image: object) -> str:
     """BLAKE3 of a PIL image's mode, size and pixels (format and metadata do not count).
 
     It runs in every request's front, over every pixel: for a 672 px RGB image (1.35 MB)
-    0.40 ms where SHA-256 took 0.93 ms (2-core CPU, ``benchmarks/results/image-hash.json``);
+    0.40 ms where SHA-256 took 0.93 ms (2-core CPU, ``benchmarks/HISTORY.md``);
     vLLM hashes images with BLAKE3 too when given no identity."""
     from blake3 import blake3
     from PIL import Image

@@ -26,7 +26,7 @@ def _results(with_candidates: bool) -> dict[str, list[RequestResult]]:
             tokens_prefix_cache=50 * (k == 1 and i > 0), tokens_computed=50,
             hit_tier="text:exact" if k == 2 and i > 4 else None,
             candidates={"image": 0.7 + i / 40, "text": 0.9} if with_candidates else {},
-            candidate_answer="red") for i in range(12)]
+            candidate_answers={"image": "red", "text": "red"}) for i in range(12)]
     return out
 
 

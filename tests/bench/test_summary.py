@@ -1,4 +1,4 @@
-"""Bench summaries, tables, threshold sweep and targets on synthetic rows."""
+"""Bench summaries, tables and threshold sweep on synthetic rows."""
 
 from __future__ import annotations
 
@@ -12,12 +12,10 @@ from vlmcache.bench.summary import (
     percentile,
     summarize_mode,
     summarize_run,
-    targets_table,
     threshold_sweep,
     to_json,
     workload_table,
 )
-from vlmcache.bench.targets import GpuMeasurements, check_targets
 from vlmcache.bench.types import RequestResult
 
 
@@ -145,8 +143,8 @@ def _sweep_rows() -> list[RequestResult]:
     scores = [0.72, 0.80, 0.85, 0.90, 0.95, 0.99]
     rows = [row("vlmcache:all", i, answer_gt="red", output="red",
                 candidates={"image": s, "text": 1.0 - s / 2},
-                candidate_answer="red" if i % 2 == 0 else "blue",
-                candidate_gt="red" if i % 2 == 0 else "blue")
+                candidate_answers={k: "red" if i % 2 == 0 else "blue" for k in ("image", "text")},
+                candidate_gts={k: "red" if i % 2 == 0 else "blue" for k in ("image", "text")})
             for i, s in enumerate(scores)]
     return rows + [row("vlmcache:all", 99)]  # no candidates: ignored
 
@@ -171,7 +169,7 @@ def test_threshold_sweep_hit_rate_and_accuracy():
 
 def test_threshold_sweep_falls_back_to_row_output():
     rows = [row("m", 0, answer_gt="red", output="red", candidates={"text": 0.5},
-                candidate_answer="blue")]
+                candidate_answers={"text": "blue"})]
     assert threshold_sweep(rows, {}, [0.9])["text"][0].accuracy == 1.0
     assert threshold_sweep(rows, {0: "green"}, [0.9])["text"][0].accuracy == 0.0
 
@@ -186,68 +184,12 @@ def test_summarize_run_sweeps_preferred_mode():
     assert to_json(summary)["sweep"]["image"][0]["hit_rate"] == 1.0
 
 
-GPU = {"shapes": {
-    "llava-1.5-7b": {"recompute_ms": 100.0, "gpu_hit_ms": 10.0, "native_offload_hit_ms": 30.0,
-                     "vlmcache_cpu_hit_ms": 14.0, "vlmcache_disk_hit_ms": 60.0,
-                     "capture_miss_ms": 104.0, "nocache_batch_tok_s": 1000.0,
-                     "capture_batch_tok_s": 960.0},
-    "qwen2-vl-7b": {"recompute_ms": 100.0, "gpu_hit_ms": 10.0, "native_offload_hit_ms": 12.0,
-                    "vlmcache_cpu_hit_ms": 14.0, "vlmcache_disk_hit_ms": 120.0}},
-    "lookup_p50_ms": 1.5}
-
-
-def _status(rows, target: str, scope: str) -> str:
-    (match,) = [r for r in rows if r.target.startswith(target) and r.scope.startswith(scope)]
-    return match.status
-
-
-def test_targets_met_not_met_and_not_measured():
-    rows = check_targets(GPU, summarize_run(_run_results(), {}))
-    assert _status(rows, "(a) CPU-tier hit faster", "llava") == "MET"
-    assert _status(rows, "(a) CPU-tier hit <= 1.5x", "llava") == "MET"  # 1.4x
-    assert _status(rows, "(a) CPU-tier hit faster", "qwen") == "NOT MET"  # 14 vs 12 ms
-    assert _status(rows, "(a) CPU-tier hit <= 1.15x", "qwen") == "NOT MET"
-    assert _status(rows, "(b)", "llava") == "MET"
-    assert _status(rows, "(b)", "qwen") == "NOT MET"  # disk 1.2x
-    assert _status(rows, "(b)", "bench run") == "MET"  # text:exact at 0.2x
-    assert _status(rows, "(c) capture-on batch throughput", "llava") == "MET"  # 96%
-    assert _status(rows, "(c) capture-on batch-1", "llava") == "MET"  # 1.04x
-    assert _status(rows, "(c) capture-on batch-1", "qwen") == "NOT MEASURED"
-    assert _status(rows, "(d)", "100,000") == "MET"
-    # zipf rows 2, 3 (the warm half) are text:exact hits in vlmcache:all
-    assert _status(rows, "(e)", "bench run vlmcache:all") == "MET"
-
-
-def test_targets_table_without_measurements():
-    table = targets_table(None, None)
-    lines = table.splitlines()
-    assert lines[0] == "| target | scope | measured | status |"
-    body = lines[2:]
-    assert body and all(l.endswith("| NOT MEASURED |") for l in body)
-    assert any("| llava |" in l for l in body) and any("| qwen2-vl |" in l for l in body)
-    assert any(l.startswith("| (e) zipf hit rate >= 80% once warm") for l in body)
-
-
-def test_targets_partial_and_small_lookup():
-    gpu = {"shapes": {"llava": {"recompute_ms": 100.0, "gpu_hit_ms": 50.0}},
-           "lookup_p50_ms": 9.0, "lookup_entries": 1000}
-    rows = check_targets(gpu, None)
-    assert _status(rows, "(b)", "llava") == "MET"
-    assert _status(rows, "(a) CPU-tier hit faster", "llava") == "NOT MEASURED"
-    assert _status(rows, "(b)", "qwen2-vl") == "NOT MEASURED"
-    assert _status(rows, "(d)", "1,000") == "NOT MEASURED"
-    assert _status(check_targets({"lookup_p50_ms": 9.0}, None), "(d)", "100,000") == "NOT MET"
-    warm_misses = summarize_run({"vlmcache:all": [row("vlmcache:all", i) for i in range(4)]},
-                                {})
-    assert _status(check_targets(None, warm_misses), "(e)", "bench run") == "NOT MET"
-
-
-def test_gpu_mapping_rejects_unknown_keys():
-    with pytest.raises(ValueError, match="shapes.llava.cpu_hit"):
-        GpuMeasurements.from_mapping({"shapes": {"llava": {"cpu_hit": 1.0}}})
-    with pytest.raises(ValueError, match="lookup_ms"):
-        GpuMeasurements.from_mapping({"lookup_ms": 1.0})
-    custom = GpuMeasurements.from_mapping(
-        {"shapes": {"other": {"gpu_hit_ms": 10.0, "vlmcache_cpu_hit_ms": 19.0,
-                              "cpu_hit_limit": 2.0}}})
-    assert _status(check_targets(custom, None), "(a) CPU-tier hit <= 2x", "other") == "MET"
+def test_markdown_table_leaves_out_a_column_no_mode_measured():
+    timed = summarize_run({"no_cache": [row("no_cache", i) for i in range(3)]}, {})
+    assert "TTFT p50 ms" in markdown_table(timed)
+    untimed = summarize_run({"no_cache": [row("no_cache", i, ttft_ms=None) for i in range(3)]},
+                            {})
+    table = markdown_table(untimed)
+    assert "TTFT" not in table and "| accuracy |" in table
+    assert all(line.count("|") == table.splitlines()[0].count("|")
+               for line in table.splitlines()[:3])

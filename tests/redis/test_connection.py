@@ -8,7 +8,7 @@ import time
 import pytest
 
 from vlmcache.config import VlmCacheConfig
-from vlmcache.shared.connection import FAILED, RedisLink, RedisSettings, redact_url
+from vlmcache.store.redis_link import FAILED, RedisLink, RedisSettings, redact_url
 from vlmcache.testing.redis_server import free_port
 
 
@@ -38,7 +38,7 @@ def test_refused_connection_fails_fast_then_skips_during_backoff():
 
 
 def test_hung_server_times_out_within_bound(live_redis):
-    from vlmcache.shared.connection import warm_up
+    from vlmcache.store.redis_link import warm_up
 
     link = _link(live_redis.url, timeout_s=0.005)
     assert warm_up(link)  # connected before the server hangs
@@ -104,7 +104,7 @@ def test_config_builds_settings():
 
 
 def test_warm_up_opens_a_pooled_connection_outside_the_link_state(live_redis):
-    from vlmcache.shared.connection import warm_up
+    from vlmcache.store.redis_link import warm_up
 
     link = _link(live_redis.url, timeout_s=0.5)
     assert warm_up(link, attempts=5)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from vlmcache.shared import shares
-from vlmcache.shared.connection import RedisLink, RedisSettings
+from vlmcache.store.redis_link import RedisLink, RedisSettings
 from vlmcache.shared.records import RecordLog
 
 

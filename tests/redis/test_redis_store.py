@@ -7,8 +7,8 @@ import time
 import pytest
 import torch
 
-from vlmcache.shared.blobs import MAGIC, RedisBlobStore
-from vlmcache.shared.connection import RedisLink, RedisSettings
+from vlmcache.store.redis_blobs import MAGIC, RedisBlobStore
+from vlmcache.store.redis_link import RedisLink, RedisSettings
 from vlmcache.store.base import ChunkStore
 from vlmcache.store.redis_store import RedisChunkStore, RedisWriter
 

@@ -7,7 +7,7 @@ import shutil
 import pytest
 
 from vlmcache.config import VlmCacheConfig
-from vlmcache.shared.connection import FAILED, RedisLink, RedisSettings
+from vlmcache.store.redis_link import FAILED, RedisLink, RedisSettings
 from vlmcache.testing.redis_server import RedisServer, make_test_certificates
 
 

@@ -20,7 +20,7 @@ def tiny_vqa_model(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def server(tiny_vqa_model, tmp_path_factory):
-    from vlmcache.bench.serve_load import ServerProcess
+    from vlmcache.testing.server import ServerProcess
 
     root = tmp_path_factory.mktemp("serve")
     config = {"store_path": str(root / "store"), "block_size": 32,

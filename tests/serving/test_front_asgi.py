@@ -290,7 +290,7 @@ class _ImageServer:
 
         import uvicorn
 
-        from vlmcache.bench.serve_load import free_port
+        from vlmcache.testing.server import free_port
 
         async def app(scope, receive, send):
             ok = scope["path"] == "/ok.png"

@@ -16,7 +16,7 @@ from prometheus_client import CollectorRegistry
 sys.path.insert(0, str(Path(__file__).parent))
 from fakes import FakeEngineApp, chat, image  # noqa: E402
 
-from vlmcache.bench.serve_load import free_port  # noqa: E402
+from vlmcache.testing.server import free_port  # noqa: E402
 from vlmcache.config import VlmCacheConfig  # noqa: E402
 from vlmcache.serving.front import CascadeFront  # noqa: E402
 from vlmcache.serving.metrics import FrontMetrics  # noqa: E402

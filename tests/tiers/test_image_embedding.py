@@ -114,8 +114,8 @@ def _colour_tier(root, verify_threshold=VERIFY):
 def test_verifier_refuses_recoloured_and_mirrored_candidates(tmp_path):
     import easy_vqa
 
-    from vlmcache.bench.fidelity_data import image_attrs
-    from vlmcache.bench.fidelity_variants import shape_mask
+    from vlmcache_lab.fidelity_data import image_attrs
+    from vlmcache_lab.fidelity_variants import shape_mask
 
     attrs = image_attrs(*easy_vqa.get_test_questions())
     paths = easy_vqa.get_test_image_paths()

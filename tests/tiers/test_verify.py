@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from PIL import Image, ImageDraw
 
-from vlmcache.bench.fidelity_data import image_attrs
-from vlmcache.bench.fidelity_variants import BENIGN, HARD
+from vlmcache_lab.fidelity_data import image_attrs
+from vlmcache_lab.fidelity_variants import BENIGN, HARD
 from vlmcache.tiers import calibration
 from vlmcache.tiers.verify import prepare, verify
 

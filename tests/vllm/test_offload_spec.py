@@ -2,7 +2,7 @@
 
 import logging
 
-from vlmcache.bench.faults import WarningLog
+from vlmcache_lab.faults import WarningLog
 from vlmcache.vllm.offload_spec import REGION_LOGGER
 
 

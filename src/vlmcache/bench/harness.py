@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from vlmcache.bench.modes import MODES, Mode
+from vlmcache.bench.modes import MODES, Mode, gpu_available
 from vlmcache.bench.types import BenchRequest, RequestResult
 
 logger = logging.getLogger(__name__)
@@ -97,11 +97,13 @@ def normalize_text(text: str) -> str:
 
 def engine_args(spec: BenchSpec, mode: Mode) -> dict[str, Any]:
     """Shared engine settings plus the mode's own (prefix caching, offloading)."""
+    # vLLM records a request's timestamps (TTFT, queue -> last token) only with stats on
     args: dict[str, Any] = {"max_model_len": 512, "enforce_eager": True,
-                            "limit_mm_per_prompt": {"image": 1}, "seed": 0}
+                            "limit_mm_per_prompt": {"image": 1}, "seed": 0,
+                            "disable_log_stats": False}
     if spec.model == BUILTIN_MODEL:
         args.update({"dtype": "float32", "block_size": 32})
-    if not _has_gpu():
+    if not gpu_available():
         args["gpu_memory_utilization"] = 0.3
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     args.update(spec.engine)
@@ -113,15 +115,6 @@ def engine_args(spec: BenchSpec, mode: Mode) -> dict[str, Any]:
 CPU_MEMORY_BUDGET = 512 * 1024**2
 
 
-def _has_gpu() -> bool:
-    try:
-        import torch
-
-        return torch.cuda.is_available()
-    except ImportError:
-        return False
-
-
 def cache_config(spec: BenchSpec, mode: Mode) -> Any:
     """The mode's :class:`VlmCacheConfig` on this run's store (shared across restarts)."""
     from vlmcache.config import VlmCacheConfig
@@ -130,7 +123,7 @@ def cache_config(spec: BenchSpec, mode: Mode) -> Any:
     block = 32 if spec.model == BUILTIN_MODEL else spec.engine.get("block_size")
     # the CPU tier is a fixed shared-memory region of memory_budget bytes: keep it small
     # beside a CPU engine (vLLM-CPU's own KV space is 1 GiB here)
-    memory = {} if _has_gpu() else {"memory_budget": CPU_MEMORY_BUDGET}
+    memory = {} if gpu_available() else {"memory_budget": CPU_MEMORY_BUDGET}
     return VlmCacheConfig(store_path=str(store), block_size=block, log_requests=False, **memory,
                           image_threshold=spec.threshold, semantic_text_threshold=spec.threshold,
                           prompt_threshold=spec.threshold, **mode.config_overrides())
@@ -147,6 +140,9 @@ class ModeRunner:
 
         self.params = SamplingParams(temperature=0.0, max_tokens=spec.max_tokens)
         self.llm = self._start()
+        # (tenant, image content hash, question) -> (this mode's answer, true answer): what
+        # a similarity hit on that request would answer, for the threshold sweep
+        self._served: dict[tuple[str | None, str, str], tuple[str, str | None]] = {}
 
     def _start(self) -> Any:
         from vlmcache.api import CachedLLM
@@ -163,13 +159,19 @@ class ModeRunner:
     def run(self, req: BenchRequest, after_restart: bool) -> RequestResult:
         from vlmcache.api import VlmRequest
 
+        from vlmcache.keys import image_content_hash
+
         image = req.image.load()
         vreq = VlmRequest(self.make_prompt(req.question), (image,), req.tenant, req.question)
-        candidates = self._candidates(vreq)
+        own_hash = image_content_hash(image)
+        scores, pointers = self._candidates(vreq, own_hash)
         start = time.perf_counter()
         out = self.llm.generate([vreq], self.params)[0]
         wall_ms = (time.perf_counter() - start) * 1e3
         rep = out.report
+        answered = {k: self._served[p] for k, p in pointers.items() if p in self._served}
+        self._served.setdefault((req.tenant, own_hash, req.question),
+                                (self.normalize(out.text), req.answer))
         return RequestResult(
             mode=self.mode.name, index=req.index, workload=req.workload, tenant=req.tenant,
             image_id=req.image.id, question=req.question, answer_gt=req.answer,
@@ -180,19 +182,30 @@ class ModeRunner:
             tokens_computed=rep.tokens_computed, hit_tier=rep.hit_tier,
             statuses=dict(rep.statuses), similarity=rep.similarity,
             images_loaded=rep.images_loaded, images_encoded=rep.images_encoded,
-            after_restart=after_restart, log_line=rep.log_line(), candidates=candidates)
+            after_restart=after_restart, log_line=rep.log_line(), candidates=scores,
+            candidate_answers={k: a for k, (a, _) in answered.items()},
+            candidate_gts={k: gt for k, (_, gt) in answered.items()})
 
-    def _candidates(self, vreq: Any) -> dict[str, float]:
-        """Best similarity scores before the request runs (for the threshold sweep)."""
+    def _candidates(self, vreq: Any, own_hash: str) -> tuple[
+            dict[str, float], dict[str, tuple[str | None, str, str]]]:
+        """Best similarity scores before the request runs (for the threshold sweep), and
+        per key the cached request each candidate points to."""
         cascade = self.llm._cascade
         if cascade.image is None and cascade.text is None:
-            return {}
-        from vlmcache.keys import image_content_hash
-
-        found = cascade.best_candidates(vreq.prompt, tuple(image_content_hash(im) for im in vreq.images),
-                       vreq.tenant, images=vreq.images, question=vreq.question)
-        scores = {"image": found.image_score, "text": found.text_score}
-        return {k: round(float(v), 4) for k, v in scores.items() if v is not None}
+            return {}, {}
+        found = cascade.best_candidates(vreq.prompt, (own_hash,), vreq.tenant,
+                                        images=vreq.images, question=vreq.question)
+        scores = {k: round(float(v), 4) for k, v in
+                  (("image", found.image_score), ("text", found.text_score)) if v is not None}
+        pointers: dict[str, tuple[str | None, str, str]] = {}
+        if found.image_canonical is not None:
+            pointers["image"] = (vreq.tenant, found.image_canonical, vreq.question)
+        if found.text_question is not None:
+            image_hit = (found.image_score is not None and cascade.image is not None
+                         and found.image_score >= cascade.image.threshold)
+            context = found.image_canonical if image_hit and found.image_canonical else own_hash
+            pointers["text"] = (vreq.tenant, context, found.text_question)
+        return scores, pointers
 
     def close(self) -> None:
         self.llm.close()

@@ -60,15 +60,32 @@ MODES: dict[str, Mode] = {m.name: m for m in (
     Mode("vlmcache:all", "every vlmcache tier", tiers=TIER_SWITCHES),
 )}
 
-DEFAULT_MODES = tuple(MODES)
 BASELINE = "no_cache"
 
 
-def parse_modes(text: str) -> tuple[str, ...]:
-    """Mode names from a comma list (``all``: every mode); errors name the allowed ones."""
+def gpu_available() -> bool:
+    """Whether this install runs vLLM on a CUDA GPU (vLLM's CPU offloading needs one)."""
+    try:
+        import torch
+
+        return bool(torch.cuda.is_available())
+    except ImportError:
+        return False
+
+
+def default_modes(gpu: bool | None = None) -> tuple[str, ...]:
+    """Every mode this install can run: ``native_offload`` only with a GPU (vLLM's CPU KV
+    offloading refuses other platforms)."""
+    on_gpu = gpu_available() if gpu is None else gpu
+    return tuple(m.name for m in MODES.values() if on_gpu or not m.native_offload)
+
+
+def parse_modes(text: str, gpu: bool | None = None) -> tuple[str, ...]:
+    """Mode names from a comma list (``all``: every mode this install runs); errors name the
+    allowed ones."""
     names = [n.strip() for n in text.split(",") if n.strip()]
     if names == ["all"]:
-        return DEFAULT_MODES
+        return default_modes(gpu)
     unknown = [n for n in names if n not in MODES]
     if unknown or not names:
         raise ConfigError(f"unknown mode(s) {unknown or text!r}; allowed: "

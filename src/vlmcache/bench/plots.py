@@ -36,9 +36,9 @@ def _latency_cdf(ax: Any, summary: RunSummary) -> None:
             ax.step(lat, [(i + 1) / len(lat) for i in range(len(lat))], where="post",
                     label=name)
     ax.set_xscale("log")
-    ax.set_xlabel("latency (ms, log)")
+    ax.set_xlabel("end-to-end latency per request (ms, log)")
     ax.set_ylabel("share of requests")
-    ax.set_title("latency CDF")
+    ax.set_title("latency CDF per mode")
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=7)
 
@@ -55,7 +55,7 @@ def _reuse_bars(ax: Any, summary: RunSummary) -> None:
     ax.bar(names, rest, bottom=bottom, label=NO_TIER_REUSE, color="lightgrey", hatch="//")
     ax.set_ylim(0, 1.2)
     ax.set_ylabel("share of requests")
-    ax.set_title("reuse by hit tier")
+    ax.set_title("requests that reused work, by deciding tier")
     ax.tick_params(axis="x", labelrotation=30, labelsize=7)
     ax.legend(fontsize=7, loc="upper center", ncol=3)
 
@@ -64,14 +64,15 @@ def _accuracy_bars(ax: Any, summary: RunSummary) -> None:
     names = list(summary.modes)
     x = list(range(len(names)))
     width = 0.4
-    for shift, label, attr in ((-width / 2, "accuracy", "accuracy"),
-                               (width / 2, "agreement with no-cache", "agreement")):
+    for shift, label, attr in ((-width / 2, "accuracy (answer = ground truth)", "accuracy"),
+                               (width / 2, "agreement (answer = no_cache's)", "agreement")):
         values = [getattr(summary.modes[n], attr) or 0.0 for n in names]
         ax.bar([i + shift for i in x], values, width, label=label)
     ax.set_xticks(x)
     ax.set_xticklabels(names, rotation=30, fontsize=7)
     ax.set_ylim(0, 1.2)  # room for the legend above the bars
-    ax.set_title("accuracy and agreement")
+    ax.set_ylabel("share of requests")
+    ax.set_title("answers per mode")
     ax.legend(fontsize=7, loc="upper center", ncol=2)
 
 
@@ -85,13 +86,17 @@ def _sweep(ax: Any, summary: RunSummary) -> None:
     for key, points in summary.sweep.items():
         t = [p.threshold for p in points]
         colour = colours.get(key)
+        n = points[0].n if points else 0
         ax.plot(t, [p.hit_rate or 0.0 for p in points], "-", color=colour,
-                label=f"{key} hit rate")
+                label=f"{key}: share that would hit (n={n})")
         ax.plot(t, [p.accuracy or 0.0 for p in points], "--", color=colour,
-                label=f"{key} accuracy")
-    ax.set_xlabel("threshold")
+                label=f"{key}: accuracy, hits answered by their match")
+        ax.plot(t, [p.false_hit_rate or 0.0 for p in points], ":", color=colour,
+                label=f"{key}: false hits (match's true answer differs)")
+    ax.set_xlabel("similarity threshold (best candidate's score >= threshold: a hit)")
+    ax.set_ylabel("share of requests with a candidate")
     ax.set_ylim(0, 1.05)
-    ax.set_title(f"hit rate / accuracy vs threshold ({summary.sweep_mode})")
+    ax.set_title(f"what-if threshold sweep over {summary.sweep_mode}'s requests", fontsize=9)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
 
@@ -104,7 +109,8 @@ def _unavailable_note(summary: RunSummary) -> str:
 def plot_run(summary_or_results: RunSummary | Mapping[str, Sequence[RequestResult]],
              out_png: Path, title: str) -> Path:
     """Write one PNG with four panels: latency CDF per mode, reuse by hit tier, accuracy
-    and agreement per mode, hit rate / accuracy against the similarity threshold.
+    and agreement per mode, and a what-if sweep of the similarity threshold (share that would
+    hit, accuracy if each hit answered its match's answer, false hits).
 
     Takes a ``RunSummary`` or the raw results per mode (summarized here, nothing
     unavailable). Returns ``out_png``.

@@ -2,8 +2,7 @@
 
 One ``ModeSummary`` per mode (one engine each), compared with the ``no_cache`` baseline
 joined on the request ``index``; ``RunSummary`` holds them, the modes that could not run
-(with the reason) and the similarity threshold sweep. ``targets.py`` checks the issue's
-targets against these numbers and the GPU measurements.
+(with the reason) and the similarity threshold sweep.
 """
 
 from __future__ import annotations
@@ -194,13 +193,14 @@ def threshold_sweep(rows: Sequence[RequestResult], baseline_output: Mapping[int,
     """Hit rate and accuracy against the threshold, per similarity tier ("image", "text").
 
     At threshold ``t`` a row would hit if ``candidates[key] >= t``; it would then answer
-    ``candidate_answer``, else its cache-off answer (``baseline_output[index]``, falling
-    back to the row's own output). Rows without that key are left out; a key no row has
-    is absent, so rows without any candidates give ``{}``.
+    ``candidate_answers[key]`` (the answer of the cached request the candidate points to),
+    else its cache-off answer (``baseline_output[index]``, falling back to the row's own
+    output). Rows without a scored, answered candidate for that key are left out; a key no
+    row has is absent, so rows without any candidates give ``{}``.
     """
     curves: dict[str, list[SweepPoint]] = {}
     for key in SWEEP_KEYS:
-        scored = [row for row in rows if key in row.candidates]
+        scored = [row for row in rows if key in row.candidates and key in row.candidate_answers]
         if scored:
             curves[key] = [_sweep_point(scored, key, t, baseline_output) for t in thresholds]
     return curves
@@ -209,14 +209,14 @@ def threshold_sweep(rows: Sequence[RequestResult], baseline_output: Mapping[int,
 def _sweep_point(rows: Sequence[RequestResult], key: str, t: float,
                  baseline_output: Mapping[int, str]) -> SweepPoint:
     hits = [row.candidates[key] >= t for row in rows]
-    answers = [row.candidate_answer if hit else baseline_output.get(row.index, row.output)
+    answers = [row.candidate_answers[key] if hit else baseline_output.get(row.index, row.output)
                for row, hit in zip(rows, hits)]
     judged = [(row, hit, ans) for row, hit, ans in zip(rows, hits, answers)
               if row.answer_gt is not None]
     return SweepPoint(
         threshold=t, n=len(rows), hit_rate=_rate(hits),
         accuracy=_rate([ans == row.answer_gt for row, _, ans in judged]),
-        false_hit_rate=_rate([hit and row.candidate_gt != row.answer_gt
+        false_hit_rate=_rate([hit and row.candidate_gts.get(key) != row.answer_gt
                               for row, hit, _ in judged]))
 
 
@@ -298,11 +298,16 @@ def _unavailable_lines(summary: RunSummary) -> list[str]:
 def markdown_table(summary: RunSummary) -> str:
     """One row per mode (p50, x no-cache, TTFT, tokens computed, reuse, accuracy,
     agreement with no-cache), then the unavailable modes with their reasons."""
-    header = ("mode", "n", "p50 ms", "x no-cache", "TTFT p50 ms", "tokens computed",
-              "reuse", "accuracy", "agreement")
-    rows = [(name, str(m.n), _num(m.latency_p50_ms), _num(m.latency_ratio, ".2f", "x"),
+    header = ["mode", "n", "p50 ms", "x no-cache", "TTFT p50 ms", "tokens computed",
+              "reuse", "accuracy", "agreement"]
+    rows = [[name, str(m.n), _num(m.latency_p50_ms), _num(m.latency_ratio, ".2f", "x"),
              _num(m.ttft_p50_ms), _pct(m.computed_share), _pct(m.reuse_rate),
-             _pct(m.accuracy), _pct(m.agreement)) for name, m in summary.modes.items()]
+             _pct(m.accuracy), _pct(m.agreement)] for name, m in summary.modes.items()]
+    # a column no mode measured (vLLM's timings off, no ground truth) is left out
+    keep = [i for i in range(len(header))
+            if i < 4 or any(r[i] != _num(None) for r in rows)]
+    header = [header[i] for i in keep]
+    rows = [[r[i] for i in keep] for r in rows]
     return "\n".join(md_table(header, rows) + _unavailable_lines(summary))
 
 
@@ -330,13 +335,3 @@ def workload_table(summary: RunSummary) -> str:
              _num(w.latency_p50_ms))
             for name, m in summary.modes.items() for wl, w in m.workloads.items()]
     return "\n".join(md_table(header, rows))
-
-
-def targets_table(gpu: Mapping[str, Any] | None, cpu: RunSummary | None) -> str:
-    """The issue's targets: measured value and MET / NOT MET / NOT MEASURED.
-
-    See ``vlmcache.bench.targets.targets_table`` for the ``gpu`` mapping's keys.
-    """
-    from vlmcache.bench.targets import targets_table as render
-
-    return render(gpu, cpu)

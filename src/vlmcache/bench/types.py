@@ -124,9 +124,11 @@ class RequestResult:
     images_encoded: int = 0
     after_restart: bool = False  # the first request of a restarted engine
     log_line: str = ""
-    candidates: dict[str, float] = field(default_factory=dict)  # sweep: best scores
-    candidate_answer: str | None = None  # what a hit at any threshold would answer
-    candidate_gt: str | None = None  # the true answer of that candidate's request
+    candidates: dict[str, float] = field(default_factory=dict)  # sweep: best score per key
+    # per key ("image", "text"): what a hit on that candidate would answer (the answer this
+    # mode gave the cached request it points to) and that request's true answer
+    candidate_answers: dict[str, str] = field(default_factory=dict)
+    candidate_gts: dict[str, str | None] = field(default_factory=dict)
 
     @property
     def correct(self) -> bool | None:

@@ -18,7 +18,7 @@ import threading
 import uuid
 from dataclasses import dataclass
 
-from vlmcache.shared.connection import FAILED, RedisLink
+from vlmcache.store.redis_link import FAILED, RedisLink
 
 logger = logging.getLogger(__name__)
 

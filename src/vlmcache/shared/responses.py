@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import logging
 
-from vlmcache.shared.blobs import RedisBlobStore
-from vlmcache.shared.connection import RedisSettings, shared_link
+from vlmcache.store.redis_blobs import RedisBlobStore
+from vlmcache.store.redis_link import RedisSettings, shared_link
 
 logger = logging.getLogger(__name__)
 

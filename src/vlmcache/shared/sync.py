@@ -13,7 +13,7 @@ import logging
 from typing import Any, Sequence
 
 from vlmcache.shared import shares
-from vlmcache.shared.connection import RedisSettings, shared_link
+from vlmcache.store.redis_link import RedisSettings, shared_link
 from vlmcache.shared.records import RecordLog
 from vlmcache.shared.replicator import LocalTiers, Replicator
 

@@ -1,7 +1,7 @@
 """A chunk store on Redis (the :class:`~vlmcache.store.base.ChunkStore` contract), shared by
 every replica, plus a bounded background writer so the engine never waits on Redis.
 
-Chunks are serialized with safetensors and kept by :class:`~vlmcache.shared.blobs.
+Chunks are serialized with safetensors and kept by :class:`~vlmcache.store.redis_blobs.
 RedisBlobStore` (checksummed, byte-bounded, LRU across replicas). Every fault is a miss
 or a dropped write, counted and logged; nothing raises to the caller except a malformed key.
 """
@@ -16,9 +16,9 @@ from dataclasses import dataclass
 import safetensors.torch
 import torch
 
-from vlmcache.shared.blobs import RedisBlobStore
-from vlmcache.shared.connection import LinkStats
-from vlmcache.shared.meter import ReadCost
+from vlmcache.store.redis_blobs import RedisBlobStore
+from vlmcache.store.redis_link import LinkStats
+from vlmcache.store.read_meter import ReadCost
 from vlmcache.store.base import EvictionListener, StoreStats, Tensors, tensors_nbytes
 from vlmcache.store.memory import notify_evicted, snapshot_tensors
 

