@@ -160,6 +160,7 @@ class VlmCacheConfig:
         disk_write_queue: bytes of KV chunks (at most ``memory_budget``) that may wait for
             the disk writer with ``disk_write: async``; past it, disk writes are dropped and
             counted. The persistent KV tier stages up to this many bytes of copied rows
+            (never more than ``memory_budget``)
             (so vLLM's store jobs finish at once); past it, rows are written before their
             job finishes. A crash loses what is queued (see docs/reliability.md).
     """
