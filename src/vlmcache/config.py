@@ -158,10 +158,13 @@ class VlmCacheConfig:
         eviction: ``reuse`` (default): entries hit at least once are evicted only after every
             never-reused entry (segmented LRU); ``lru``: plain LRU.
         disk_write_queue: bytes of KV chunks (at most ``memory_budget``) that may wait for
-            the disk writer with ``disk_write: async``; past it, disk writes are dropped and
-            counted. The persistent KV tier stages up to this many bytes of copied rows
-            (so vLLM's store jobs finish at once); past it, rows are written before their
-            job finishes. A crash loses what is queued (see docs/reliability.md).
+            the disk writer with ``disk_write: async``; past it, a put writes the chunk
+            itself (backpressure), so a crash never loses more than the queue. The
+            persistent KV tier stages up to this many bytes of copied rows, never more
+            than ``memory_budget`` (so vLLM's store jobs finish at once); past it, rows are
+            written before their job finishes. A crash loses what is queued, and the next
+            start reports it
+            (see docs/reliability.md).
     """
 
     store_path: str = "~/.cache/vlmcache"

@@ -1,7 +1,10 @@
+import pytest
 import torch
 
 from vlmcache.keys import image_uuid
-from vlmcache.vllm.encoder_plan import TENSOR_NAME, EncoderPlanner, EncoderTransfer
+from vlmcache.vllm.encoder_plan import (
+    TENSOR_NAME, EncoderLoad, EncoderPlanner, EncoderTransfer, encode_instead,
+)
 
 A = image_uuid("", "tenant-a", "a" * 64)  # identities vlmcache mints (tenant-scoped)
 B = image_uuid("", "tenant-a", "b" * 64)
@@ -82,3 +85,95 @@ def test_identities_not_minted_by_vlmcache_are_never_stored_or_loaded():
     assert not planner.has("img-shared-1") and planner.has(A)
     planner.on_allocated("r", "img-shared-1", 4)
     assert planner.take_loads() == ()
+
+
+def _two_sides(tmp_path):
+    """The scheduler's and the worker's stores: one directory, two memory copies (vLLM's
+    ``mp`` executor runs them in two processes)."""
+    from vlmcache.store import DiskStore, MemoryStore, TieredStore
+
+    def side():
+        return TieredStore(MemoryStore(1 << 20), DiskStore(tmp_path / "encoder", 1 << 24))
+
+    return side(), side()
+
+
+def test_a_promised_output_the_worker_cannot_load_is_encoded_in_the_same_step(tmp_path):
+    """Issue 33 item 1: the scheduler promised an output its memory copy held; the worker's
+    copy was evicted and the file removed in between. vLLM then raised "Encoder cache miss"
+    and the EngineCore died; now the input goes back to the step's encoder inputs."""
+    scheduler_store, worker_store = _two_sides(tmp_path)
+    planner = EncoderPlanner("ns", scheduler_store.ensure_in_memory)
+    output = torch.randn(16, 8)
+    worker_store.put(planner.key(A), {TENSOR_NAME: output})  # the first process saved it
+    worker_store.flush()
+    assert planner.has(A)  # read and verified into the scheduler's memory copy
+    worker_store.memory.delete(planner.key(A))  # the worker's copy evicted ...
+    assert worker_store.disk is not None
+    worker_store.disk.path_for(planner.key(A)).unlink()  # ... and the file removed
+    planner.on_allocated("r1", A, 16, 1)
+    step_inputs = {"r0": [0]}  # the step's scheduled_encoder_inputs
+    cache = {}
+    transfer = EncoderTransfer(worker_store, "ns", "cpu")
+    failed = transfer.load(planner.take_loads(), cache)
+    assert A not in cache and transfer.faults == 1
+    assert encode_instead(failed, step_inputs) == 0
+    assert step_inputs == {"r0": [0], "r1": [1]}  # vLLM's encoder runs it this step
+
+
+def test_a_corrupt_file_and_a_raising_store_are_encodes_too(tmp_path):
+    scheduler_store, worker_store = _two_sides(tmp_path)
+    planner = EncoderPlanner("ns", scheduler_store.ensure_in_memory)
+    worker_store.put(planner.key(A), {TENSOR_NAME: torch.randn(16, 8)})
+    worker_store.flush()
+    assert planner.has(A)
+    worker_store.memory.delete(planner.key(A))
+    path = worker_store.disk.path_for(planner.key(A))
+    path.write_bytes(path.read_bytes()[:-8] + b"garbage!")  # damaged in place
+    planner.on_allocated("r1", A, 16, 0)
+    step_inputs: dict[str, list[int]] = {}
+    failed = EncoderTransfer(worker_store, "ns", "cpu").load(planner.take_loads(), {})
+    encode_instead(failed, step_inputs)
+    assert step_inputs == {"r1": [0]}
+
+    class Raising(Store):
+        def get(self, key):
+            raise OSError("EIO")
+
+    planner.on_allocated("r2", A, 16, 2)
+    failed = EncoderTransfer(Raising(), "ns", "cpu").load(planner.take_loads(), {})
+    encode_instead(failed, step_inputs)
+    assert step_inputs == {"r1": [0], "r2": [2]}
+
+
+def test_the_step_inputs_reach_the_worker_as_the_scheduler_outputs_own_dict():
+    """vLLM pickles the SchedulerOutput to the worker: the metadata's dict must stay the very
+    object the model runner encodes from, or a failed load is handed back to nobody."""
+    import pickle
+
+    ec = pytest.importorskip("vlmcache.vllm.ec_connector")
+    from vllm.v1.core.sched.output import SchedulerOutput
+
+    out = SchedulerOutput.make_empty()
+    out.scheduled_encoder_inputs["r1"] = [0]
+    out.ec_connector_metadata = ec.VlmCacheECMetadata(
+        loads=(), encode_inputs=out.scheduled_encoder_inputs)
+    worker_side = pickle.loads(pickle.dumps(out, protocol=pickle.HIGHEST_PROTOCOL))
+    encode_instead([EncoderLoad(A, "k", 16, "r2", 3)],
+                   worker_side.ec_connector_metadata.encode_inputs)
+    assert worker_side.scheduled_encoder_inputs == {"r1": [0], "r2": [3]}
+
+
+def test_an_output_encoded_instead_is_reported_as_encoded_not_loaded():
+    ec = pytest.importorskip("vlmcache.vllm.ec_connector")
+    planner = EncoderPlanner("ns", lambda key: True)
+    planner.on_allocated("r1", A, 16, 0)
+    planner.take_loads()
+    # two TP ranks reported it; the scheduler hears it once
+    meta = ec.VlmCacheECWorkerMeta((("r1", A, 0),)).aggregate(
+        ec.VlmCacheECWorkerMeta((("r1", A, 0),)))
+    assert meta.encoded_instead == (("r1", A, 0),)
+    for request_id, identifier, input_id in meta.encoded_instead:
+        planner.on_encoded_instead(request_id, identifier, input_id)
+    assert planner.finish("r1", 1) == {"encoder_items": 1, "encoder_loaded": 0,
+                                       "encoder_computed": 1}

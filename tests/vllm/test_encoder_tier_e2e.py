@@ -72,3 +72,38 @@ def test_unseen_image_runs_encoder(cached_llm, baseline):
     out = cached_llm.generate([make_request(11)], greedy())[0]
     assert encoder_calls(cached_llm) == before + 1
     assert out.report.statuses["fusion"] == "miss"
+
+
+def _remove_worker_copy_at_next_read(worker) -> bool:
+    """In the worker process: the next encoder-output read first evicts the worker's memory
+    copy and removes the file (the scheduler, another process, already holds its own)."""
+    from vllm.distributed.ec_transfer import get_ec_transfer
+
+    transfer = get_ec_transfer()._transfer
+    store = transfer.store
+
+    class Vanishing:
+        def __getattr__(self, name):
+            return getattr(store, name)
+
+        def get(self, key, **kwargs):
+            transfer.store = store  # one fault
+            store.memory.delete(key)
+            store.disk.path_for(key).unlink(missing_ok=True)
+            return store.get(key, **kwargs)
+
+    transfer.store = Vanishing()
+    return True
+
+
+def test_output_removed_between_scheduler_and_worker_is_encoded(cached_llm, baseline):
+    """Issue 33 item 1: the scheduler promised a stored output; the worker's copy was gone.
+    vLLM raised "Encoder cache miss" and the EngineCore died; now the worker encodes it."""
+    before = encoder_calls(cached_llm)
+    cached_llm.llm.collective_rpc(_remove_worker_copy_at_next_read)
+    out = cached_llm.generate([make_request(3, ALT_QUESTION)], greedy())[0]
+    assert out.token_ids == baseline[("alt", 3)]["token_ids"]  # the same answer
+    assert encoder_calls(cached_llm) == before + 1  # encoded instead of loaded
+    assert out.report.images_encoded == 1 and out.report.images_loaded == 0
+    again = cached_llm.generate([make_request(4, ALT_QUESTION)], greedy())[0]
+    assert again.token_ids == baseline[("alt", 4)]["token_ids"]  # the engine still serves

@@ -216,3 +216,38 @@ def test_rows_staged_when_the_engine_tree_is_killed_are_still_written(tmp_path):
             break
         time.sleep(0.2)
     assert len(written) == n
+
+
+class _HeldStore:
+    """A chunk store whose row writes wait until the test lets them go."""
+
+    def __init__(self, inner) -> None:
+        self.inner = inner
+        self.release = threading.Event()
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def put_row(self, key, name, row, *, tenant=None):
+        self.release.wait(30)
+        return self.inner.put_row(key, name, row, tenant=tenant)
+
+
+def test_staged_rows_never_exceed_the_memory_budget(tmp_path):
+    """Issue 33 item 4: staging was bounded by ``disk_write_queue`` alone (1 GiB by
+    default): 78 MiB were staged under an 8 MiB ``memory_budget``. Two rows of budget here:
+    a job of eight rows cannot finish while the disk holds its writes."""
+    config = VlmCacheConfig(store_path=str(tmp_path / "store"), kv_io_threads=2,
+                            memory_budget=2 * ROW, disk_write_queue=1 << 30)
+    region = Region(tmp_path / "region")
+    store = _HeldStore(open_persistent_kv_store(config))
+    finished = threading.Event()
+    io = make_executor(config, store, region.rows, None,
+                       lambda job, outcome: finished.set())
+    keys = tuple(f"{i:02x}" * 32 for i in range(8))
+    io.submit(RowJob(1, "store", keys, tuple(range(8))))
+    assert not finished.wait(1.5)  # 2 rows staged, the third waits for the disk
+    store.release.set()
+    assert finished.wait(30)
+    io.close()
+    assert all(store.inner.contains(key) for key in keys)

@@ -1,10 +1,16 @@
 """Row jobs and the read-throughput meter (no vLLM)."""
 
+import os
+import signal
+import subprocess
+import sys
+import textwrap
 import time
 
 import numpy as np
 
 from vlmcache.store.disk import DiskStore
+from vlmcache.store.journal import orphaned_count
 from vlmcache.vllm.row_io import ReadMeter, RowJob, RowMover
 
 
@@ -96,4 +102,44 @@ def test_rows_past_the_staging_budget_are_written_before_the_job_finishes(tmp_pa
     key = "ef" * 32
     assert mover.run(RowJob(1, "store", (key,), (0,))).success
     assert store.contains(key)  # written in the job, nothing dropped
+    mover.close()
+
+
+_KV_WRITER = textwrap.dedent("""
+    import sys, time
+    import numpy as np
+    from vlmcache.store.disk import DiskStore
+    from vlmcache.vllm.row_io import RowJob, RowMover
+
+    class Stuck(DiskStore):  # a disk that never finishes a write
+        def put_row(self, key, name, row, *, tenant=None):
+            time.sleep(3600)
+
+    root = sys.argv[1]
+    rows = np.ones((16, 64), dtype=np.uint8)
+    mover = RowMover(Stuck(root, 10**9), rows, threads=2, staging_bytes=12 * 64,
+                     journal_dir=__import__("pathlib").Path(root) / "journal")
+    keys = tuple(f"{i:064x}" for i in range(10))
+    out = mover.run(RowJob(1, "store", keys, tuple(range(10))))
+    print("ok" if out.success else "failed", flush=True)
+    time.sleep(3600)
+""")
+
+
+def test_rows_staged_by_a_killed_io_process_are_reported_at_the_next_start(tmp_path, caplog):
+    """Issue 33 item 7: a killed KV I/O process logged its 16 pending jobs, not the ~250
+    staged rows its finished store jobs had acknowledged; the next start said nothing."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    child = subprocess.Popen([sys.executable, "-c", _KV_WRITER, str(tmp_path)],
+                             stdout=subprocess.PIPE, text=True, env=env)
+    assert child.stdout is not None
+    assert child.stdout.readline().strip() == "ok"  # the job acknowledged its 10 rows
+    os.kill(child.pid, signal.SIGKILL)
+    child.wait()
+    assert orphaned_count(tmp_path / "journal") == 10  # what the engine's log now says
+    with caplog.at_level("WARNING", logger="vlmcache.store.journal"):
+        mover = RowMover(DiskStore(tmp_path, 10**9), np.ones((16, 64), dtype=np.uint8),
+                         staging_bytes=1024, journal_dir=tmp_path / "journal")
+    assert mover.lost_in_crash == 10
+    assert "10 acknowledged chunk writes" in caplog.text
     mover.close()

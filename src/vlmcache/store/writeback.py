@@ -1,9 +1,11 @@
 """Disk writes behind the caller: a background thread, bounded by pending bytes.
 
 What a crash can lose: every chunk still queued (at most ``max_pending_bytes``; see
-:meth:`WriteBehind.stats`), plus the chunk being written. Such chunks were acknowledged to
-the caller as kept in memory, never as durable; after a restart they are misses, never wrong
-bytes (a chunk file is renamed into place only once complete).
+:meth:`WriteBehind.stats`), the chunks being written included. Such chunks were acknowledged
+to the caller as kept in memory, never as durable; after a restart they are misses, never
+wrong bytes (a chunk file is renamed into place only once complete). With ``journal_dir``
+each queued chunk is recorded in an intent journal (:mod:`vlmcache.store.journal`) until its
+write is over, and the next writer on that directory reports what a crash lost.
 """
 
 from __future__ import annotations
@@ -12,9 +14,11 @@ import logging
 import queue
 import threading
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Protocol
 
 from vlmcache.store.base import Tensors, tensors_nbytes
+from vlmcache.store.journal import IntentJournal, LostWrites, recover
 from vlmcache.store.ratelog import RateLimitedWarning
 
 logger = logging.getLogger(__name__)
@@ -27,7 +31,9 @@ class WriteBehindStats:
     """Counters of one write-behind queue.
 
     ``dropped``: chunks never queued (queue full); ``lost``: chunks queued (acknowledged) whose
-    disk write then failed; ``pending_*``: what a crash at this moment would lose.
+    disk write then failed; ``pending_*``: what a crash at this moment would lose;
+    ``lost_in_crash``: acknowledged chunks a crashed writer on the same journal directory
+    never wrote (found when this one opened).
     """
 
     queued: int
@@ -37,6 +43,7 @@ class WriteBehindStats:
     pending_chunks: int
     pending_bytes: int
     max_pending_bytes: int
+    lost_in_crash: int = 0
 
 
 class ChunkWriter(Protocol):
@@ -54,8 +61,10 @@ class WriteBehind:
     not modify tensors after submitting them.
     """
 
-    def __init__(self, disk: ChunkWriter, max_pending_bytes: int, threads: int = 1) -> None:
+    def __init__(self, disk: ChunkWriter, max_pending_bytes: int, threads: int = 1,
+                 journal_dir: Path | None = None) -> None:
         self._disk = disk
+        self.crash_loss, self._journal = _open_journal(journal_dir)
         self._max_pending = max_pending_bytes
         self._pending_bytes = self._pending_chunks = 0
         self._queued = self._written = self.dropped = self.lost = 0
@@ -89,6 +98,8 @@ class WriteBehind:
             self._pending_bytes += size
             self._pending_chunks += 1
             self._queued += 1
+        if self._journal is not None:
+            self._journal.acked(key)  # before the writer can report it landed
         self._queue.put((key, dict(tensors), size, tenant))
         return True
 
@@ -96,7 +107,8 @@ class WriteBehind:
         """A snapshot of the counters."""
         with self._lock:
             return WriteBehindStats(self._queued, self._written, self.dropped, self.lost,
-                                    self._pending_chunks, self._pending_bytes, self._max_pending)
+                                    self._pending_chunks, self._pending_bytes, self._max_pending,
+                                    self.crash_loss.count)
 
     def flush(self) -> None:
         """Block until every queued chunk has been written (or has failed)."""
@@ -111,6 +123,8 @@ class WriteBehind:
             self._queue.put(_STOP)
         for thread in self._threads:
             thread.join(timeout=30)
+        if self._journal is not None:
+            self._journal.close()  # everything landed: the journal goes
 
     def _run(self) -> None:
         while True:
@@ -135,5 +149,21 @@ class WriteBehind:
                 self._written += 1
             else:
                 self.lost += 1
+        if self._journal is not None:
+            self._journal.landed(key)  # a failed write is reported here, not after a crash
         if not ok:
             self._lost_log.event(f"chunk {key[:16]} was acknowledged but not written")
+
+
+def _open_journal(directory: Path | None) -> tuple[LostWrites, IntentJournal | None]:
+    """What crashed writers on ``directory`` lost (reported), and this writer's journal
+    (``None`` without a directory, or if it cannot be created: a fault is not a crash)."""
+    if directory is None:
+        return LostWrites(), None
+    lost = recover(directory)
+    try:
+        return lost, IntentJournal(directory)
+    except OSError as exc:
+        logger.warning("vlmcache: no intent journal in %s (%s): a crash's losses will not "
+                       "be reported", directory, exc)
+        return lost, None

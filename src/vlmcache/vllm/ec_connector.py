@@ -7,12 +7,19 @@ Enable it beside the KV connector::
       "ec_buffer_device": "cuda", "ec_connector_extra_config": {"store_path": "..."}}'
 
 Translation only; the logic is in :mod:`vlmcache.vllm.encoder_plan`.
+
+A load the worker cannot deliver is encoded in the same step (see
+:mod:`vlmcache.vllm.encoder_plan`): the metadata carries the step's
+``scheduled_encoder_inputs`` dict itself, which vLLM's pickling keeps one object with the
+``SchedulerOutput`` field the worker's model runner encodes from after our load. With tensor
+parallelism every rank must run the same encoder batch, so the ranks first agree on which
+loads failed (an all-reduce over the TP group, only in steps that load).
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from vllm.distributed.ec_transfer.ec_connector.base import (
@@ -21,9 +28,16 @@ from vllm.distributed.ec_transfer.ec_connector.base import (
     ECConnectorRole,
 )
 
+try:  # vLLM 0.32; without it (0.26) the worker has no channel back and the report says loaded
+    from vllm.distributed.ec_transfer.ec_connector.base import ECConnectorWorkerMetadata
+except ImportError:  # pragma: no cover - the CPU test machine runs 0.32
+    ECConnectorWorkerMetadata = object  # type: ignore[misc,assignment]
+
 from vlmcache.config import VlmCacheConfig
 from vlmcache.store.kvstore import shared_encoder_store
-from vlmcache.vllm.encoder_plan import EncoderLoad, EncoderPlanner, EncoderTransfer
+from vlmcache.vllm.encoder_plan import (
+    EncoderLoad, EncoderPlanner, EncoderTransfer, encode_instead,
+)
 from vlmcache.vllm.logs import attach_to_vllm_logging
 from vlmcache.vllm.namespace import namespace_for_engine
 
@@ -42,6 +56,8 @@ class VlmCacheECMetadata(ECConnectorMetadata):
 
     loads: tuple[EncoderLoad, ...]
     tenants: tuple[tuple[str, str], ...] = ()
+    #: the step's ``scheduled_encoder_inputs`` (the same object): where failed loads go
+    encode_inputs: dict[str, list[int]] = field(default_factory=dict)
 
 
 def request_tenant(request: Any) -> str | None:
@@ -50,6 +66,18 @@ def request_tenant(request: Any) -> str | None:
     ours = params.get(PARAMS_KEY) if isinstance(params, dict) else None
     tenant = ours.get("tenant") if isinstance(ours, dict) else None
     return tenant if isinstance(tenant, str) else None
+
+
+@dataclass
+class VlmCacheECWorkerMeta(ECConnectorWorkerMetadata):
+    """Worker -> scheduler: the loads this step encoded instead, ``(request, identifier,
+    input)`` each (so the request's report counts them as encoded, not loaded)."""
+
+    encoded_instead: tuple[tuple[str, str, int], ...] = ()
+
+    def aggregate(self, other: Any) -> "VlmCacheECWorkerMeta":
+        theirs = other.encoded_instead if isinstance(other, VlmCacheECWorkerMeta) else ()
+        return VlmCacheECWorkerMeta(tuple(dict.fromkeys(self.encoded_instead + theirs)))
 
 
 class VlmCacheECConnector(ECConnectorBase):
@@ -67,13 +95,25 @@ class VlmCacheECConnector(ECConnectorBase):
         device = vllm_config.ec_transfer_config.ec_buffer_device or "cpu"
         self._transfer = EncoderTransfer(self._store, namespace.digest, device)
         self._step_tenants: dict[str, str] = {}
+        self._encoded_instead: list[tuple[str, str, int]] = []
 
     # ---- worker side -------------------------------------------------------------------
 
     def start_load_caches(self, encoder_cache: dict[str, Any], **kwargs: Any) -> None:
         meta = self._get_connector_metadata()
         if isinstance(meta, VlmCacheECMetadata) and meta.loads:
-            self._transfer.load(meta.loads, encoder_cache)
+            failed = _agree_across_ranks(meta.loads,
+                                         self._transfer.load(meta.loads, encoder_cache))
+            if failed:  # a fault is an encode in this step, never "Encoder cache miss"
+                encode_instead(failed, meta.encode_inputs)
+                self._encoded_instead += [(f.request_id, f.identifier, f.input_id)
+                                          for f in failed]
+
+    def build_connector_worker_meta(self) -> Any:
+        if not self._encoded_instead:
+            return None
+        done, self._encoded_instead = tuple(self._encoded_instead), []
+        return VlmCacheECWorkerMeta(done)
 
     def save_caches(self, encoder_cache: dict[str, Any], mm_hash: str, **kwargs: Any) -> None:
         if self._config.enable_encoder_cache:
@@ -95,15 +135,44 @@ class VlmCacheECConnector(ECConnectorBase):
         if tenant is not None:
             self._step_tenants[feature.identifier] = tenant
         self._planner.on_allocated(request.request_id, feature.identifier,
-                                   request.get_num_encoder_embeds(index))
+                                   request.get_num_encoder_embeds(index), index)
 
     def build_connector_meta(self, scheduler_output: Any) -> ECConnectorMetadata:
-        computed = getattr(scheduler_output, "scheduled_encoder_inputs", None) or {}
+        computed = getattr(scheduler_output, "scheduled_encoder_inputs", None)
+        if computed is None:
+            computed = {}
         for request_id, input_ids in computed.items():
             self._planner.on_computed(request_id, list(input_ids))
         tenants, self._step_tenants = tuple(self._step_tenants.items()), {}
-        return VlmCacheECMetadata(loads=self._planner.take_loads(), tenants=tenants)
+        return VlmCacheECMetadata(loads=self._planner.take_loads(), tenants=tenants,
+                                  encode_inputs=computed)
+
+    def update_connector_output(self, connector_output: Any) -> None:
+        meta = getattr(connector_output, "ec_connector_worker_meta", None)
+        if isinstance(meta, VlmCacheECWorkerMeta):
+            for request_id, identifier, input_id in meta.encoded_instead:
+                self._planner.on_encoded_instead(request_id, identifier, input_id)
 
     def request_finished(self, request: "Request") -> tuple[bool, dict[str, Any] | None]:
         items = self._planner.finish(request.request_id, len(request.mm_features or []))
         return False, {PARAMS_KEY: items}
+
+
+def _agree_across_ranks(loads: tuple[EncoderLoad, ...],
+                        failed: list[EncoderLoad]) -> list[EncoderLoad]:
+    """The loads that failed on any rank of the tensor-parallel group (every rank must
+    encode the same inputs: the vision tower's collectives would hang otherwise)."""
+    try:
+        import torch
+        import torch.distributed as dist
+        from vllm.distributed.parallel_state import get_tp_group
+
+        group = get_tp_group()
+    except (ImportError, AssertionError, AttributeError):  # no TP group: one rank
+        return failed
+    if group.world_size <= 1:
+        return failed
+    mine = {id(item) for item in failed}
+    flags = torch.tensor([int(id(item) in mine) for item in loads], dtype=torch.int32)
+    dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=group.cpu_group)
+    return [item for item, flag in zip(loads, flags.tolist()) if flag]

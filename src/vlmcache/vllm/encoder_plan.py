@@ -6,6 +6,18 @@ for the image. Only identifiers vlmcache minted (``vlmc-...``, from pixels and t
 :func:`~vlmcache.keys.image_uuid`, sent by ``CachedLLM`` and the serving front) are stored
 or loaded: vLLM's own image hash ignores the tenant, so an output stored under it would
 serve every tenant.
+
+A promise the worker cannot keep is an encode, never a dead engine. The scheduler promises
+an output (``has``) after reading and verifying it into *its* memory copy; under vLLM's
+``mp`` executor the worker is another process with its own copy, which may have been
+evicted, and the file may have been removed or damaged in between. vLLM 0.32 has no
+encoder-side ``recompute`` policy (its ``take_unavailable_requests`` fails the request, and
+a promised output missing at gather time raises "Encoder cache miss" and kills the
+EngineCore). So each load carries the request and input it serves, and a load that fails is
+handed back to vLLM's encoder for the same step (:func:`encode_instead`): the connector adds
+it to the step's ``scheduled_encoder_inputs``, which the worker's model runner encodes right
+after the connector's load (the item's pixels are still in the worker: vLLM strips them only
+for inputs its prefix cache covers). The answer is the same, one encode slower.
 No vLLM import: :mod:`vlmcache.vllm.ec_connector` translates.
 """
 
@@ -31,6 +43,9 @@ class EncoderLoad:
     identifier: str
     key: str
     num_embeds: int
+    #: the request and its input index this load serves (where a failed load is encoded)
+    request_id: str = ""
+    input_id: int = -1
 
 
 class EncoderStore(Protocol):
@@ -65,21 +80,30 @@ class EncoderPlanner:
         return encoder_output_key(self.namespace_digest, identifier)
 
     def has(self, identifier: str) -> bool:
-        """Whether the stored output is present *and verified* (vLLM cannot recover a
-        promised encoder output that then fails to load)."""
+        """Whether the stored output is present *and verified* in this process (a promise
+        the worker then fails to keep is encoded instead: :func:`encode_instead`)."""
         return self._enabled and is_minted_image_uuid(identifier) \
             and self._available(self.key(identifier))
 
-    def on_allocated(self, request_id: str, identifier: str, num_embeds: int) -> None:
-        """An encoder input of a request will be served from the store (if stored)."""
+    def on_allocated(self, request_id: str, identifier: str, num_embeds: int,
+                     input_id: int = -1) -> None:
+        """Input ``input_id`` of a request will be served from the store (if stored)."""
         if not self.has(identifier):
             return
-        self._pending[identifier] = EncoderLoad(identifier, self.key(identifier), num_embeds)
+        self._pending[identifier] = EncoderLoad(identifier, self.key(identifier), num_embeds,
+                                                request_id, input_id)
         self._requests.setdefault(request_id, _RequestItems()).loaded.add(identifier)
 
     def on_computed(self, request_id: str, input_ids: list[int]) -> None:
         """The scheduler sent these encoder inputs of a request to the encoder."""
         self._requests.setdefault(request_id, _RequestItems()).computed.update(input_ids)
+
+    def on_encoded_instead(self, request_id: str, identifier: str, input_id: int) -> None:
+        """A worker could not load a promised output and encoded it (for the report)."""
+        items = self._requests.get(request_id)
+        if items is not None:
+            items.loaded.discard(identifier)
+            items.computed.add(input_id)
 
     def take_loads(self) -> tuple[EncoderLoad, ...]:
         loads, self._pending = tuple(self._pending.values()), {}
@@ -90,6 +114,24 @@ class EncoderPlanner:
         items = self._requests.pop(request_id, _RequestItems())
         return {"encoder_items": num_items, "encoder_loaded": len(items.loaded),
                 "encoder_computed": len(items.computed)}
+
+
+def encode_instead(failed: list[EncoderLoad], encoder_inputs: dict[str, list[int]]) -> int:
+    """Add the inputs of ``failed`` loads to ``encoder_inputs`` (the step's
+    ``scheduled_encoder_inputs``: request id -> input indices), so the worker's model runner
+    encodes them in this step; the number of inputs that could not be handed back (a load
+    without its request: only a caller that never said which input it serves)."""
+    orphans = 0
+    for item in failed:
+        if not item.request_id or item.input_id < 0:
+            orphans += 1
+            logger.error("encoder output for %s failed to load and names no request input: "
+                         "vLLM will miss it", item.identifier)
+            continue
+        inputs = encoder_inputs.setdefault(item.request_id, [])
+        if item.input_id not in inputs:
+            inputs.append(item.input_id)
+    return orphans
 
 
 class EncoderTransfer:
@@ -103,21 +145,31 @@ class EncoderTransfer:
         self.saved = 0
         self.faults = 0
 
-    def load(self, loads: tuple[EncoderLoad, ...], encoder_cache: dict[str, object]) -> None:
+    def load(self, loads: tuple[EncoderLoad, ...],
+             encoder_cache: dict[str, object]) -> list[EncoderLoad]:
+        """Put each stored output into ``encoder_cache``; the loads that failed (to be
+        encoded instead: :func:`encode_instead`)."""
+        failed: list[EncoderLoad] = []
         for item in loads:
             if item.identifier in encoder_cache:
                 continue
-            chunk = self.store.get(item.key)
+            try:
+                chunk = self.store.get(item.key)
+            except Exception:  # a cache fault is an encode, never a crash
+                logger.debug("reading encoder output %s failed", item.key[:16], exc_info=True)
+                chunk = None
             tensor = chunk.get(TENSOR_NAME) if chunk is not None else None
             if tensor is None or tensor.shape[0] != item.num_embeds:
-                # Verified by the scheduler a moment ago; only a concurrent eviction or
-                # corruption gets here, and vLLM has no recompute path for it.
+                # The scheduler verified its own copy; this process's copy was evicted and
+                # the file removed or damaged since (or it changed shape).
                 self.faults += 1
-                logger.error("encoder output for %s vanished or changed shape after "
-                             "its lookup", item.identifier)
+                logger.warning("encoder output for %s vanished or changed shape after the "
+                               "scheduler's lookup: encoded instead", item.identifier)
+                failed.append(item)
                 continue
             encoder_cache[item.identifier] = tensor.to(self.device)
             self.loaded += 1
+        return failed
 
     def save(self, encoder_cache: Mapping[str, object], identifier: str,
              tenant: str | None = None) -> None:

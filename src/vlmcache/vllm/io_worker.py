@@ -36,10 +36,12 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 from typing import IO, TYPE_CHECKING, Callable, Protocol
 
 import numpy as np
 
+from vlmcache.store.journal import orphaned_count
 from vlmcache.store.policy import GhostFilter
 from vlmcache.vllm.row_io import JobOutcome, RowJob, RowMover, RowStore
 
@@ -96,6 +98,22 @@ class ThreadIO:
         self._mover.close()
 
 
+def staging_bytes(config: "VlmCacheConfig") -> int:
+    """Bytes of copied rows a store job may leave to be written behind: ``disk_write_queue``,
+    never more than ``memory_budget`` (the copies are memory beside vLLM's region; with the
+    queue alone, 78 MiB were staged under an 8 MiB budget). Rows past it are written before
+    their job finishes (backpressure on the I/O threads, never on the engine's loop)."""
+    return min(config.memory_budget, config.disk_write_queue)
+
+
+def journal_dir(config: "VlmCacheConfig") -> Path:
+    """Where the I/O process journals the rows it staged (acknowledged, not yet written):
+    the next start reports those a crash lost (:mod:`vlmcache.store.journal`)."""
+    from vlmcache.store.kvstore import kv_store_dir
+
+    return kv_store_dir(config) / "journal"
+
+
 def admission_for(config: "VlmCacheConfig") -> GhostFilter | None:
     """The persistent tier's write admission (``admission_disk``)."""
     if config.admission_disk != "second_sight":
@@ -117,10 +135,11 @@ def make_executor(config: "VlmCacheConfig", store: "RowStore", rows: np.ndarray,
         logger.warning("vlmcache KV tier: vLLM's CPU region has no file descriptor here: "
                        "the tier's I/O runs on threads of the engine process")
         return ThreadIO(RowMover(store, rows, threads, on_read, admission_for(config),
-                                 staging_bytes=config.disk_write_queue), done, threads)
+                                 staging_bytes=staging_bytes(config),
+                                 journal_dir=journal_dir(config)), done, threads)
     start = ChildStart(config.to_dict(), region_fd, int(rows.shape[0]), int(rows.shape[1]),
                        threads)
-    return ChildIO(start, done, on_read)
+    return ChildIO(start, done, on_read, journal_dir(config))
 
 
 @dataclass(frozen=True)
@@ -147,8 +166,10 @@ class ChildIO:
     """
 
     def __init__(self, start: ChildStart, done: Done,
-                 on_read: Callable[[int, float], None] | None = None) -> None:
+                 on_read: Callable[[int, float], None] | None = None,
+                 journal: Path | None = None) -> None:
         self._done = done
+        self._journal = journal  # the child's staged rows, for the report if it dies
         self._on_read = on_read
         self._lock = threading.Lock()
         self._pending: dict[int, RowJob] = {}
@@ -264,9 +285,12 @@ class ChildIO:
         with self._lock:
             self._dead = True
             jobs, self._pending = list(self._pending.values()), {}
-        if jobs:
-            logger.error("vlmcache KV tier: I/O process %d ended; %d pending jobs failed, the "
-                         "persistent tier is off until restart", self.pid, len(jobs))
+        staged = orphaned_count(self._journal) if self._journal is not None else 0
+        if jobs or staged:
+            logger.error("vlmcache KV tier: I/O process %d ended; %d pending jobs failed and "
+                         "%d acknowledged staged rows were not written (the next start reports "
+                         "them); the persistent tier is off until restart", self.pid,
+                         len(jobs), staged)
         for job in jobs:
             self._done(job, JobOutcome(job.job_id, False, 0, 0.0))
 
@@ -339,7 +363,8 @@ def _child_main() -> None:
         send(json.dumps({"read": {"nbytes": nbytes, "seconds": seconds}}))
 
     mover = RowMover(store, rows, int(start["threads"]), on_read=read,
-                     admission=admission_for(config), staging_bytes=config.disk_write_queue)
+                     admission=admission_for(config), staging_bytes=staging_bytes(config),
+                     journal_dir=journal_dir(config))
     send(json.dumps({"ready": True, "pid": os.getpid()}))
     probe = _probe(store, int(start["threads"]), int(start["row_bytes"]))
     if probe is not None:

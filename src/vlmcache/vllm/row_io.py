@@ -16,6 +16,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable, Literal, Protocol
 
 import numpy as np
@@ -131,11 +132,13 @@ class RowMover:
     vLLM's engine loop spins instead of waiting for requests); the copies are written
     behind, at most ``staging_bytes`` of them at a time. A row that does not fit is written
     before the job finishes, as with no staging. A staged row lost to a crash or a failed
-    write is a later miss, never wrong bytes (chunk files are renamed into place whole)."""
+    write is a later miss, never wrong bytes (chunk files are renamed into place whole);
+    with ``journal_dir`` the next mover on that directory reports the rows a crash lost."""
 
     def __init__(self, store: RowStore, rows: np.ndarray, threads: int = 4,
                  on_read: Callable[[int, float], None] | None = None,
-                 admission: GhostFilter | None = None, staging_bytes: int = 0) -> None:
+                 admission: GhostFilter | None = None, staging_bytes: int = 0,
+                 journal_dir: Path | None = None) -> None:
         if rows.ndim != 2 or rows.dtype != np.uint8:
             raise ValueError("rows must be a 2-D uint8 array")
         self._store = store
@@ -145,8 +148,16 @@ class RowMover:
         self._admission = admission  # second sight: a row is written when offered again
         self._admission_lock = threading.Lock()
         self.not_admitted = 0
-        self._behind = (WriteBehind(_StagedRows(store), staging_bytes, max(1, threads // 2))
+        # staged rows are journaled: the next start reports what a crash lost
+        self._behind = (WriteBehind(_StagedRows(store), staging_bytes, max(1, threads // 2),
+                                    journal_dir=journal_dir)
                         if staging_bytes > 0 else None)
+
+    @property
+    def lost_in_crash(self) -> int:
+        """Staged rows a crashed mover on the same journal directory acknowledged and never
+        wrote (found and reported when this one started)."""
+        return self._behind.crash_loss.count if self._behind is not None else 0
 
     @property
     def row_bytes(self) -> int:
