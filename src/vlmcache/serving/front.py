@@ -74,8 +74,10 @@ class CascadeFront:
     def for_model(cls, model: str, config: VlmCacheConfig, *, metrics: FrontMetrics | None,
                   record_store: RecordStore | None = None) -> "CascadeFront":
         """The front for ``model`` (a local directory) under ``config``."""
+        from vlmcache.tenant_secret import with_deployment_salt
         from vlmcache.vllm.namespace import namespace_for_model
 
+        config = with_deployment_salt(config)  # rewrites derive tenant salts from it
         digest = namespace_for_model(model, config).digest
         responses = None
         if config.enable_response_cache:
