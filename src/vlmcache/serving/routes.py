@@ -134,6 +134,8 @@ def route_policy(method: str, path: str, open_routes: frozenset[str] = frozenset
     template, policy = entry
     if policy.kind == "refused" and template in open_routes:
         return OPEN
+    if method == "OPTIONS" and policy.kind != "refused":  # a CORS preflight: no body, no
+        return RoutePolicy("passes", frozenset({"OPTIONS"}), "CORS preflight")  # engine
     if method not in policy.methods:
         return RoutePolicy("refused", policy.methods, f"{method} is not served on this route")
     return policy
