@@ -194,10 +194,13 @@ def test_no_cache_hit_oracle_on_other_routes_and_no_salt_in_argv(client, server)
     store = Path(next(a.split("=", 1)[1] for a in server.argv if a.startswith("store_path=")))
     salt = (store / "tenant_salt").read_text().strip()
     text = "Describe a quiet harbour at dawn with boats and gulls. " * 5
-    first = _responses(server, model, text, "a")
-    assert first.status_code == 200, first.text
-    again = _responses(server, model, text, "a").json()["usage"]
-    assert again["input_tokens_details"]["cached_tokens"] > 0  # a's own repeat: its cache
+    client.chat.completions.create(  # tenant a's prompt, through the cascade
+        model=model, temperature=0, max_tokens=2, extra_body={"cache_salt": "a"},
+        messages=[{"role": "user", "content": text}])
+    own = _responses(server, model, text, "a")
+    assert own.status_code == 200, own.text  # a itself on /v1/responses: a's cache
+    assert own.json()["usage"]["input_tokens_details"]["cached_tokens"] > 0
+    # the oracle: a's salt as the front derives it, sent by someone else
     probe = _responses(server, model, text, tenant_cache_salt(salt, "a")).json()["usage"]
     assert probe["input_tokens_details"]["cached_tokens"] == 0  # not a's cache
     assert httpx.post(server.url + "/reset_prefix_cache").status_code in (403, 404)
