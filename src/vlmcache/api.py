@@ -25,6 +25,7 @@ from vlmcache.config import VlmCacheConfig
 from vlmcache.errors import RequestError
 from vlmcache.keys import image_content_hash, image_uuid, tenant_cache_salt
 from vlmcache.report import EncoderReuse, KVReuse, ReuseReport, build_report
+from vlmcache.tenant_secret import deployment_salt
 from vlmcache.vllm.engine_config import engine_wiring
 from vlmcache.vllm.namespace import namespace_for_model
 from vlmcache.vllm.stack_room import call_with_stack_room
@@ -215,9 +216,9 @@ class CachedLLM:
             # Tenant-scoped, content-derived image identities: every cache keyed by them
             # (vLLM's encoder cache, vlmcache's encoder tier, KV keys) stays per tenant.
             prompt["multi_modal_uuids"] = {"image": [
-                image_uuid(self.config.tenant_salt, req.tenant, h) for h in hashes]}
+                image_uuid(deployment_salt(self.config), req.tenant, h) for h in hashes]}
         if req.tenant is not None:
-            prompt["cache_salt"] = tenant_salt(self.config.tenant_salt, req.tenant)
+            prompt["cache_salt"] = tenant_salt(deployment_salt(self.config), req.tenant)
         return prompt
 
     def _report(self, out: Any, res: Resolution, wall: float) -> ReuseReport:

@@ -23,6 +23,7 @@ from typing import Sequence
 
 from vlmcache.config import VlmCacheConfig
 from vlmcache.errors import VlmCacheError
+from vlmcache.tenant_secret import MASK, SALT_ENV
 
 #: Opening a store to inspect it must never evict: use a budget nothing reaches.
 _INSPECT_BUDGET = 1 << 62
@@ -72,6 +73,11 @@ def _serve_config(args: argparse.Namespace) -> VlmCacheConfig:
             raise VlmCacheError(f"--vlmcache-set {item!r}: expected KEY=VALUE")
         import yaml
 
+        if key.strip() == "tenant_salt":  # argv is readable by every local user
+            raise VlmCacheError(f"--vlmcache-set tenant_salt: a secret never goes on a "
+                                f"command line; put it in the environment variable "
+                                f"{SALT_ENV}, in a private --vlmcache-config file, or leave "
+                                f"it out (the store keeps a random one, 0600)")
         values[key.strip()] = yaml.safe_load(raw)
     return VlmCacheConfig.from_dict(values)
 
@@ -88,7 +94,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise VlmCacheError(str(exc)) from exc
     if args.print_command:
-        print(json.dumps({"argv": command.argv, "env": command.env}, indent=2))
+        env = {k: (MASK if k == SALT_ENV else v) for k, v in command.env.items()}
+        print(json.dumps({"argv": command.argv, "env": env}, indent=2))
         return 0
     run(command)
     return 0
@@ -138,7 +145,9 @@ def cmd_clear(args: argparse.Namespace) -> int:
 
 def cmd_config(args: argparse.Namespace) -> int:
     config = VlmCacheConfig.from_yaml(args.file) if args.file else VlmCacheConfig()
-    print(json.dumps(config.to_dict(), indent=2))
+    values = config.to_dict()
+    values["tenant_salt"] = MASK if config.tenant_salt else ""  # a secret: never printed
+    print(json.dumps(values, indent=2))
     return 0
 
 

@@ -117,6 +117,9 @@ class VlmCacheConfig:
         max_images_per_request: most images one request may carry.
         max_request_bytes: largest request body the front accepts.
         metrics_tenant_label: label metrics by tenant (off: one label for all tenants).
+        open_routes: comma-separated server routes the front refuses by default (admin,
+            pooling, audio, unknown) that an operator opens to every client, untouched
+            (issue 33; the table is ``vlmcache.routes``). Default: none.
         redis_url: ``redis://host:port/db`` (``rediss://`` for TLS, ``unix:///path``) of a
             Redis shared by every replica; ``None`` (default) keeps everything local. The
             password never goes in the URL: it is read from ``redis_password_env``.
@@ -219,6 +222,7 @@ class VlmCacheConfig:
     max_images_per_request: int = 8
     max_request_bytes: int = 64 * 1024**2
     metrics_tenant_label: bool = True
+    open_routes: str = ""  # issue 33: default deny on every other route
     # --- end issue 12 ---
     # --- issue 14B: the shared Redis tier ---
     redis_url: str | None = None
@@ -459,6 +463,12 @@ def _validate_front(cfg: VlmCacheConfig) -> None:
     for key in ("max_image_pixels", "max_images_per_request"):
         if getattr(cfg, key) < 1:
             raise ConfigError(f"{key}: must be >= 1, got {getattr(cfg, key)}")
+    from vlmcache.routes import parse_open_routes  # issue 33
+
+    try:
+        parse_open_routes(cfg.open_routes)
+    except ValueError as exc:
+        raise ConfigError(f"open_routes: {exc}") from None
 
 
 def _validate_kv_path(cfg: VlmCacheConfig) -> None:

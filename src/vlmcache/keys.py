@@ -15,7 +15,7 @@ import json
 import logging
 import os
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping, Sequence
 
@@ -43,7 +43,7 @@ class Namespace:
     weights_revision: str
     processor_digest: str
     kv_layout: str
-    tenant_salt: str = ""
+    tenant_salt: str = field(default="", repr=False)  # a secret: never in a log line
 
     @property
     def digest(self) -> str:

@@ -251,8 +251,8 @@ def test_completions_endpoint_and_other_routes(rig):
     r = rig.post({**body, "prompt": "hello   there"}, "/v1/completions")
     assert r.json()["vlmcache"]["hit_tier"] == "text:exact"
     assert rig.engine.bodies[-1]["prompt"] == "Hello there"
-    rig.post({"anything": 1}, "/v1/other")
-    assert rig.engine.bodies[-1] == {"anything": 1}
+    r = rig.post({"anything": 1}, "/v1/other")  # default deny (issue 33)
+    assert r.status_code == 404 and rig.engine.bodies[-1] != {"anything": 1}
 
 
 def test_metrics_count_every_tier_per_tenant(rig):

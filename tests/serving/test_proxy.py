@@ -59,17 +59,21 @@ def test_proxy_spreads_requests_and_runs_the_front(tmp_path, upstreams):
             b = await c.post("/v1/chat/completions", json=chat("Q two?", image(2),
                                                                 stream=True))
             again = await c.post("/v1/chat/completions", json=chat("Q one?", image(1)))
-            health = await c.post("/v1/other", json={"x": 1})
+            health = await c.post("/v1/responses", json={"model": "m", "input": "hi"})
+            refused = await c.post("/v1/other", json={"x": 1})
+            deep = await c.post("/v1/responses", content=b"[" * 100_000)
             metrics = await c.get("/metrics")
-            return a, b, again, health, metrics
+            return a, b, again, health, metrics, refused, deep
 
-    a, b, again, health, metrics = asyncio.run(go())
+    a, b, again, health, metrics, refused, deep = asyncio.run(go())
     assert a.status_code == 200 and a.json()["vlmcache"]["statuses"]["response"] == "miss"
     assert b.text.rstrip().endswith("data: [DONE]") and '"vlmcache"' in b.text
     assert again.json()["vlmcache"]["hit_tier"] == "response"
     assert [len(e.bodies) for e in engines] == [2, 1]  # round robin, the hit never left
     assert engines[0].bodies[0]["messages"][0]["content"][0]["uuid"].startswith("vlmc-")
-    assert health.status_code == 200 and engines[0].bodies[-1] == {"x": 1}
+    assert health.status_code == 200 and engines[0].bodies[-1] == {"model": "m", "input": "hi"}
+    assert refused.status_code == 404  # default deny (issue 33): never reached an upstream
+    assert deep.status_code == 400 and deep.json()["error"]["param"] == "body"
     assert metrics.status_code == 200
 
 

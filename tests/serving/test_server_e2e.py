@@ -174,3 +174,44 @@ def _response_hits(url: str) -> float:
                     "response":
                 total += s.value
     return total
+
+
+def _responses(server, model, text, salt):
+    body = {"model": model, "input": text, "max_output_tokens": 2, "temperature": 0,
+            "cache_salt": salt}
+    return httpx.post(server.url + "/v1/responses", json=body, timeout=120)
+
+
+def test_no_cache_hit_oracle_on_other_routes_and_no_salt_in_argv(client, server):
+    """Issue 33: /v1/responses binds the tenant (a's derived salt sent there is another
+    tenant), refused routes and a deep JSON body are 4xx, the salt is in no argv or log."""
+    import os
+    from pathlib import Path
+
+    from vlmcache.keys import tenant_cache_salt
+
+    model = str(server.argv[4])
+    store = Path(next(a.split("=", 1)[1] for a in server.argv if a.startswith("store_path=")))
+    salt = (store / "tenant_salt").read_text().strip()
+    text = "Describe a quiet harbour at dawn with boats and gulls. " * 5
+    client.chat.completions.create(  # tenant a's prompt, through the cascade
+        model=model, temperature=0, max_tokens=2, extra_body={"cache_salt": "a"},
+        messages=[{"role": "user", "content": text}])
+    own = _responses(server, model, text, "a")
+    assert own.status_code == 200, own.text  # a itself on /v1/responses: a's cache
+    assert own.json()["usage"]["input_tokens_details"]["cached_tokens"] > 0
+    # the issue's oracle: a's salt as the front derives it, sent by someone else
+    probe = _responses(server, model, text, tenant_cache_salt(salt, "a")).json()["usage"]
+    assert probe["input_tokens_details"]["cached_tokens"] == 0  # not a's cache
+    assert httpx.post(server.url + "/reset_prefix_cache").status_code in (403, 404)
+    deep = httpx.post(server.url + "/v1/responses", content=b"[" * 100_000)
+    assert deep.status_code == 400 and httpx.get(server.url + "/health").status_code == 200
+    pgid = server.proc.pid
+    for pid in [p for p in os.listdir("/proc") if p.isdigit()]:
+        try:
+            if os.getpgid(int(pid)) == pgid:
+                assert salt not in Path(f"/proc/{pid}/cmdline").read_bytes().decode(
+                    errors="replace")
+        except (OSError, ProcessLookupError):
+            continue
+    assert salt not in server.log()

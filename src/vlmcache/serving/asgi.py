@@ -5,12 +5,14 @@ Inside vLLM (``vlmcache serve`` does this)::
     VLMCACHE_FRONT_CONFIG=/path/front.json python -m vllm.entrypoints.openai.api_server \\
         --model DIR --middleware vlmcache.serving.asgi.VlmCacheMiddleware ...
 
-``front.json`` is ``{"model": DIR, "config": {<vlmcache config keys>}}``. Only
-``POST /v1/chat/completions`` and ``POST /v1/completions`` go through the front; every
-other route passes untouched. A bad request gets a 400 (413 when too large) naming the
-field; a response-tier hit is answered here; everything else is forwarded rewritten, and
-the answer is captured on its way back (the report: the body's ``vlmcache`` field, or a
-last stream chunk, and ``x-vlmcache-*`` headers).
+``front.json`` is ``{"model": DIR, "config": {<vlmcache config keys>}}``.
+``POST /v1/chat/completions`` and ``POST /v1/completions`` go through the cascade; every
+other route is what :mod:`vlmcache.routes` says (default deny): bound to the
+tenant, renderer-only, a read-only pass, or refused (403; 404 for a route it does not
+know). A bad request gets a 400 (413 when too large) naming the field; a response-tier hit
+is answered here; everything else is forwarded rewritten, and the answer is captured on its
+way back (the report: the body's ``vlmcache`` field, or a last stream chunk, and
+``x-vlmcache-*`` headers).
 """
 
 from __future__ import annotations
@@ -24,6 +26,10 @@ import anyio.to_thread
 
 from vlmcache.errors import RequestError
 from vlmcache.serving.front import CascadeFront, FrontPlan, error_field, report_body
+from vlmcache.serving.openai_req import Endpoint, load_body, request_tenant
+from vlmcache.serving.rewrite import bind_tenant
+from vlmcache.routes import (RoutePolicy, parse_open_routes, refusal_message,
+                                     route_policy)
 from vlmcache.serving.sse import DONE, StreamAccumulator, event, stream_events
 
 logger = logging.getLogger(__name__)
@@ -50,20 +56,30 @@ class VlmCacheMiddleware:
                  front: CascadeFront | None = None) -> None:
         self.app = app
         self.front = front if front is not None else front_from_env()
+        self.open_routes = parse_open_routes(self.front.config.open_routes)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        endpoint = ROUTES.get(scope.get("path", "")) if scope["type"] == "http" else None
-        if scope["type"] == "http" and scope.get("method") == "POST" and endpoint is None:
-            await self._guard(scope, receive, send)
-            return
-        if endpoint is None or scope.get("method") != "POST":
+        if scope["type"] not in ("http", "websocket"):  # lifespan
             await self.app(scope, receive, send)
             return
+        method = scope.get("method", "GET") if scope["type"] == "http" else "WEBSOCKET"
+        path = _route_path(scope)
+        policy = route_policy(method, path, self.open_routes)
+        if policy.kind == "passes":
+            await self.app(scope, receive, send)
+        elif policy.kind == "refused":
+            await self._refuse(scope, receive, send, method, path, policy)
+        elif policy.kind == "front":
+            await self._cascade(ROUTES[path], scope, receive, send)
+        else:
+            await self._guard(scope, receive, send, policy)
+
+    async def _cascade(self, endpoint: Endpoint, scope: Scope, receive: Receive,
+                       send: Send) -> None:
         try:
             raw = await _read_body(receive, self.front.config.max_request_bytes)
-            headers = {k.decode("latin-1").lower(): v.decode("latin-1")
-                       for k, v in scope.get("headers", [])}
-            plan = await anyio.to_thread.run_sync(self.front.begin, endpoint, raw, headers)
+            plan = await anyio.to_thread.run_sync(self.front.begin, endpoint, raw,
+                                                  _headers(scope))
         except RequestError as exc:
             self.front.refused(exc)
             await _send_error(send, 413 if isinstance(exc, BodyTooLarge) else 400, exc)
@@ -71,15 +87,32 @@ class VlmCacheMiddleware:
         if plan.cached is not None:
             await self._send_cached(plan, send)
             return
-        await self._forward(plan, scope, receive, send)
+        await self._forward(plan.forward, scope, receive, _Capture(self.front, plan, send))
 
-    async def _guard(self, scope: Scope, receive: Receive, send: Send) -> None:
-        """Other POST routes (``/v1/responses``, ``/v1/messages``, ...) bypass the cascade,
-        but a client-chosen media identity or embedding input is refused there too."""
+    async def _refuse(self, scope: Scope, receive: Receive, send: Send, method: str,
+                      path: str, policy: RoutePolicy) -> None:
+        """Default deny: a 403 naming the route (404 unknown, 405 a method it does not serve);
+        a websocket is closed before it opens (the server answers 403)."""
+        error = RequestError(refusal_message(method, path, policy))
+        self.front.refused(error)
+        logger.info("front: refused %s %s (%s)", method, path, policy.why)
+        if scope["type"] == "websocket":
+            await receive()  # websocket.connect
+            await send({"type": "websocket.close", "code": 1008})
+            return
+        status = 404 if not policy.methods else 405 if method not in policy.methods else 403
+        await _send_error(send, status, error)
+
+    async def _guard(self, scope: Scope, receive: Receive, send: Send,
+                     policy: RoutePolicy) -> None:
+        """A bound or renderer-only route: no client-chosen media identity or embedding
+        input, and the client's ``cache_salt`` never reaches vLLM (a bound route gets the
+        tenant's own, as the cascade's routes do)."""
         config = self.front.config
         try:
             raw = await _read_body(receive, config.max_request_bytes)
-            key = _identity_key(_json_or_none(raw)) if b'"' in raw else None
+            body = load_body(raw)
+            key = _identity_key(body)
             if key == "uuid" and config.client_image_uuids == "trust":
                 key = None
             if key is not None and key != "uuid" and config.allow_embeds:
@@ -87,11 +120,13 @@ class VlmCacheMiddleware:
             if key is not None:
                 raise RequestError(f"{key}: client-chosen media identities and embedding "
                                    "inputs are not accepted on this route")
+            tenant = request_tenant(body, _headers(scope))
         except RequestError as exc:
             self.front.refused(exc)
             await _send_error(send, 413 if isinstance(exc, BodyTooLarge) else 400, exc)
             return
-        await self.app(scope, _replay(raw, receive), send)
+        bound = bind_tenant(body, tenant if policy.kind == "bound" else None, config)
+        await self._forward(bound, scope, receive, send)
 
     async def _send_cached(self, plan: FrontPlan, send: Send) -> None:
         body = self.front.cached_response(plan)
@@ -108,15 +143,14 @@ class VlmCacheMiddleware:
             *_report_headers(report)]})
         await send({"type": "http.response.body", "body": b"".join(chunks)})
 
-    async def _forward(self, plan: FrontPlan, scope: Scope, receive: Receive,
+    async def _forward(self, body: dict[str, Any] | None, scope: Scope, receive: Receive,
                        send: Send) -> None:
-        data = json.dumps(plan.forward).encode()
+        data = json.dumps(body).encode()
         scope = dict(scope)
         scope["headers"] = [(k, v) for k, v in scope.get("headers", [])
                             if k.lower() != b"content-length"]
         scope["headers"].append((b"content-length", str(len(data)).encode()))
-        capture = _Capture(self.front, plan, send)
-        await self.app(scope, _replay(data, receive), capture)
+        await self.app(scope, _replay(data, receive), send)
 
 
 class _Capture:
@@ -216,6 +250,19 @@ async def _read_body(receive: Receive, limit: int) -> bytes:
             return b"".join(parts)
 
 
+def _route_path(scope: Scope) -> str:
+    """The path the app's router matches (without the ``root_path`` it is mounted under)."""
+    path, root = scope.get("path", ""), scope.get("root_path", "")
+    if root and path.startswith(root) and path[len(root):len(root) + 1] in ("/", ""):
+        return path[len(root):]
+    return path
+
+
+def _headers(scope: Scope) -> dict[str, str]:
+    return {k.decode("latin-1").lower(): v.decode("latin-1")
+            for k, v in scope.get("headers", [])}
+
+
 def _replay(data: bytes, receive: Receive) -> Receive:
     """A ``receive`` that yields ``data`` once, then the client's own messages."""
     sent = False
@@ -233,29 +280,26 @@ _IDENTITY_KEYS = ("uuid", "multi_modal_uuids", "image_embeds", "prompt_embeds",
                   "audio_embeds", "video_embeds")
 
 
-def _identity_key(value: object, depth: int = 0) -> str | None:
-    """The first client identity / embedding key anywhere in a JSON value."""
-    if depth > 32:
-        return None
-    if isinstance(value, dict):
-        for k, v in value.items():
-            if k in _IDENTITY_KEYS and v is not None:
-                return k
-            found = _identity_key(v, depth + 1)
-            if found:
-                return found
-    elif isinstance(value, list):
-        for v in value:
-            found = _identity_key(v, depth + 1)
-            if found:
-                return found
+def _identity_key(value: object) -> str | None:
+    """The first client identity / embedding key anywhere in a JSON value (iterative: the
+    body's depth is bounded by :func:`load_body`, the walk needs no recursion either)."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            for k, v in item.items():
+                if k in _IDENTITY_KEYS and v is not None:
+                    return k
+            stack.extend(reversed(list(item.values())))
+        elif isinstance(item, list):
+            stack.extend(reversed(item))
     return None
 
 
 def _json_or_none(raw: bytes) -> dict[str, Any] | None:
     try:
         value = json.loads(raw)
-    except ValueError:
+    except (ValueError, RecursionError):
         return None
     return value if isinstance(value, dict) else None
 
@@ -289,6 +333,7 @@ async def _send_json(send: Send, status: int, body: dict[str, Any],
 
 
 async def _send_error(send: Send, status: int, exc: RequestError) -> None:
-    kind = "BadRequestError" if status == 400 else "RequestTooLargeError"
+    kind = {400: "BadRequestError", 413: "RequestTooLargeError", 403: "RouteRefusedError",
+            404: "RouteNotServedError", 405: "MethodNotAllowedError"}[status]
     await _send_json(send, status, {"error": {"message": str(exc), "type": kind,
                                               "param": error_field(exc), "code": status}})

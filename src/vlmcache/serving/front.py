@@ -10,7 +10,6 @@ ASGI middleware (inside vLLM's server) and the standalone proxy both call this c
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import secrets
 import threading
@@ -25,7 +24,7 @@ from vlmcache.config import VlmCacheConfig
 from vlmcache.errors import RequestError
 from vlmcache.report import EncoderReuse, KVReuse, ReuseReport, build_report
 from vlmcache.serving.metrics import FrontMetrics
-from vlmcache.serving.openai_req import Endpoint, ParsedRequest, parse_request
+from vlmcache.serving.openai_req import Endpoint, ParsedRequest, load_body, parse_request
 from vlmcache.serving.rewrite import rewrite_body
 from vlmcache.tiers.response import (LocalRecordStore, RecordStore, ResponseTier,
                                      canonical_request, is_deterministic)
@@ -75,8 +74,10 @@ class CascadeFront:
     def for_model(cls, model: str, config: VlmCacheConfig, *, metrics: FrontMetrics | None,
                   record_store: RecordStore | None = None) -> "CascadeFront":
         """The front for ``model`` (a local directory) under ``config``."""
+        from vlmcache.tenant_secret import with_deployment_salt
         from vlmcache.vllm.namespace import namespace_for_model
 
+        config = with_deployment_salt(config)  # rewrites derive tenant salts from it
         digest = namespace_for_model(model, config).digest
         responses = None
         if config.enable_response_cache:
@@ -95,11 +96,7 @@ class CascadeFront:
     def begin(self, endpoint: Endpoint, raw: bytes, headers: Mapping[str, str]) -> FrontPlan:
         """Decode, look up and rewrite one request; :class:`RequestError` if it is bad."""
         started = time.perf_counter()
-        try:
-            body = json.loads(raw)
-        except ValueError as exc:
-            raise RequestError(f"body: not valid JSON ({exc})") from None
-        req = parse_request(endpoint, body, headers, self.config)
+        req = parse_request(endpoint, load_body(raw), headers, self.config)
         t_decoded = time.perf_counter()
         plan = FrontPlan(req, None, None, "skip", None, None, started,
                          {"decode": t_decoded - started})

@@ -10,6 +10,11 @@ CPython's frame stack for the engine it forks), with:
   JSON file named in ``$VLMCACHE_FRONT_CONFIG``;
 - a logging config that puts vlmcache's INFO lines in vLLM's log, in every process
   (unless ``VLLM_LOGGING_CONFIG_PATH`` is already set).
+
+Both files are 0600 in a 0700 run directory (``<store>/serve/<pid>``) and hold no
+``tenant_salt``: an explicitly configured salt reaches the server's processes in
+``$VLMCACHE_TENANT_SALT``, else each reads the store's own salt file
+(:mod:`vlmcache.tenant_secret`). Nothing secret is on the command line, which vLLM logs.
 """
 
 from __future__ import annotations
@@ -23,6 +28,8 @@ from typing import Sequence
 
 from vlmcache.config import VlmCacheConfig
 from vlmcache.serving.asgi import CONFIG_ENV
+from vlmcache.tenant_secret import (deployment_salt, ensure_private_dir, public_config,
+                                    write_private_file)
 from vlmcache.vllm.engine_config import engine_wiring
 
 MIDDLEWARE = "vlmcache.serving.asgi.VlmCacheMiddleware"
@@ -52,21 +59,34 @@ def serve_command(model: str, config: VlmCacheConfig, vllm_args: Sequence[str],
     wired = wiring.cli_args()
     if any(a == "--block-size" or a.startswith("--block-size=") for a in vllm_args):
         wired = _without_block_size(wired)  # the caller's own block size wins
-    run_dir.mkdir(parents=True, exist_ok=True)
+    deployment_salt(config)  # the store (0700) and its salt file, before any process reads it
+    _private_run_dir(run_dir, config.store_dir)
     env = dict(wiring.env)
     middleware: list[str] = []
-    if front:
-        spec = run_dir / "front.json"
-        spec.write_text(json.dumps({"model": model, "config": config.to_dict()}, indent=1))
+    if front:  # no salt in it: the front reads it from the environment or the store
+        spec = write_private_file(run_dir, "front.json", json.dumps(
+            {"model": model, "config": public_config(config)}, indent=1))
         env[CONFIG_ENV] = str(spec)
         middleware = ["--middleware", MIDDLEWARE]
     if "VLLM_LOGGING_CONFIG_PATH" not in os.environ:
-        from vlmcache.vllm.logs import write_logging_config
+        from vlmcache.vllm.logs import vllm_logging_config
 
-        env["VLLM_LOGGING_CONFIG_PATH"] = str(write_logging_config(run_dir / "logging.json"))
+        env["VLLM_LOGGING_CONFIG_PATH"] = str(write_private_file(
+            run_dir, "logging.json", json.dumps(vllm_logging_config(), indent=1)))
     argv = [sys.executable, "-m", LAUNCHER_MODULE, "--model", model, *wired, *middleware,
             *vllm_args]
     return ServeCommand(argv, env)
+
+
+def _private_run_dir(run_dir: Path, store: Path) -> None:
+    """Create the run directory 0700, checking each directory from the store down (or the
+    run directory alone, outside the store): no symlink, none of another user's."""
+    chain = [run_dir, *run_dir.parents]
+    chain = chain[:chain.index(store) + 1] if store in chain else [run_dir]
+    for directory in reversed(chain):
+        ensure_private_dir(directory, "store_path" if directory == store
+                           else "vlmcache run directory")
+    os.chmod(run_dir, 0o700)  # ours (checked): the files in it are the server's config
 
 
 def _without_block_size(args: list[str]) -> list[str]:

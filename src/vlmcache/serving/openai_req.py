@@ -12,6 +12,7 @@ image identities minted by vlmcache (``vlmc-...``, tenant-scoped) and the tenant
 from __future__ import annotations
 
 import copy
+import json
 import re
 from dataclasses import dataclass
 from typing import Any, Literal, Mapping
@@ -31,6 +32,9 @@ EMBED_TYPES = ("image_embeds", "audio_embeds", "video_embeds", "prompt_embeds")
 OPTION_KEYS = ("bypass", "response_cache")
 #: Decoded data URLs of this process (a repeat skips the decode).
 DECODED = DecodedImages()
+#: Deepest JSON nesting a request body may have (OpenAI bodies, tool schemas included, are
+#: far shallower); deeper bodies get a 400, never a RecursionError (a 500) in a parser.
+MAX_JSON_DEPTH = 128
 
 
 @dataclass(frozen=True)
@@ -83,12 +87,43 @@ class ParsedRequest:
         return body
 
 
+def load_body(raw: bytes) -> dict[str, Any]:
+    """A request body as a JSON object; :class:`RequestError` when it is not valid JSON, not
+    an object, or nested deeper than :data:`MAX_JSON_DEPTH`."""
+    try:
+        body = json.loads(raw)
+    except RecursionError:
+        raise RequestError(f"body: JSON nested deeper than {MAX_JSON_DEPTH} levels") from None
+    except ValueError as exc:
+        raise RequestError(f"body: not valid JSON ({exc})") from None
+    if not isinstance(body, dict):
+        raise RequestError("body: expected a JSON object")
+    if _too_deep(body, MAX_JSON_DEPTH):
+        raise RequestError(f"body: JSON nested deeper than {MAX_JSON_DEPTH} levels")
+    return body
+
+
+def _too_deep(value: object, limit: int) -> bool:
+    """Whether ``value`` nests more than ``limit`` containers (iterative: no recursion)."""
+    stack: list[tuple[object, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        children = item.values() if isinstance(item, dict) else (
+            item if isinstance(item, list) else None)
+        if children is None:
+            continue
+        if depth > limit:
+            return True
+        stack.extend((child, depth + 1) for child in children)
+    return False
+
+
 def parse_request(endpoint: Endpoint, body: object, headers: Mapping[str, str],
                   config: VlmCacheConfig) -> ParsedRequest:
     """Validate and decode one request body; :class:`RequestError` names what is wrong."""
     if not isinstance(body, dict):
         raise RequestError("body: expected a JSON object")
-    tenant = _tenant(body, headers)
+    tenant = request_tenant(body, headers)
     options = _options(body)
     if endpoint == "chat":
         images, transcript, question = _parse_chat(body, config)
@@ -97,7 +132,8 @@ def parse_request(endpoint: Endpoint, body: object, headers: Mapping[str, str],
     return ParsedRequest(endpoint, body, tenant, options, images, transcript, question)
 
 
-def _tenant(body: dict[str, Any], headers: Mapping[str, str]) -> str | None:
+def request_tenant(body: dict[str, Any], headers: Mapping[str, str]) -> str | None:
+    """The tenant a request names (its ``cache_salt`` or the tenant header, which must agree)."""
     salt = body.get("cache_salt")
     header = headers.get(TENANT_HEADER)
     if salt is not None and (not isinstance(salt, str) or not salt):

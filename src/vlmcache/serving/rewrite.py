@@ -40,6 +40,24 @@ def rewrite_body(req: ParsedRequest, res: Resolution | None,
     return body
 
 
+def bind_tenant(body: dict[str, Any], tenant: str | None,
+                config: VlmCacheConfig) -> dict[str, Any]:
+    """A body for a route outside the cascade (``/v1/responses``, ``/invocations``, ...):
+    the client's ``cache_salt`` and ``vlmcache`` options dropped, the tenant's own salt set
+    (``tenant=None``: none), and a ``kv_transfer_params`` the client sent given the
+    ``vlmcache`` entry of the front (no client charges its bytes to another tenant)."""
+    out = {k: v for k, v in body.items() if k not in ("cache_salt", "vlmcache")}
+    if tenant is not None:
+        out["cache_salt"] = tenant_cache_salt(config.tenant_salt, tenant)
+    if "kv_transfer_params" in out:
+        ours: dict[str, Any] = {"bypass": False}
+        if tenant is not None:
+            ours["tenant"] = tenant
+        sent = out["kv_transfer_params"]
+        out["kv_transfer_params"] = {**(sent if isinstance(sent, dict) else {}), "vlmcache": ours}
+    return out
+
+
 def _transfer_params(sent: object, req: ParsedRequest) -> dict[str, Any]:
     """``kv_transfer_params`` for vLLM: the client's other keys, and a ``vlmcache`` entry
     that is ours alone (a client cannot charge its bytes to another tenant)."""

@@ -19,6 +19,8 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
+from vlmcache.tenant_secret import SALT_ENV
+
 HEALTH_TIMEOUT_S = 600.0
 
 
@@ -30,6 +32,9 @@ class ServerProcess:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = log_path
+        config = dict(config)
+        salt = config.pop("tenant_salt", None)  # a secret: in the environment, not in argv
+        self.salt_env = {SALT_ENV: str(salt)} if salt else {}
         sets = [a for k, v in config.items() for a in ("--vlmcache-set", f"{k}={_yaml(v)}")]
         self.argv = [sys.executable, "-m", "vlmcache.cli", "serve", str(model), *sets,
                      "--host", "127.0.0.1", "--port", str(self.port), "--enforce-eager",
@@ -38,7 +43,7 @@ class ServerProcess:
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> "ServerProcess":
-        env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": os.environ.get(
+        env = {**os.environ, **self.salt_env, "VLLM_CPU_KVCACHE_SPACE": os.environ.get(
             "VLLM_CPU_KVCACHE_SPACE", "1")}
         log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT, env=env,

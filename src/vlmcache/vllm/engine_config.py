@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from vlmcache.config import VlmCacheConfig
+from vlmcache.tenant_secret import SALT_ENV, public_config
 
 CONNECTOR_NAME = "VlmCacheOffloadingConnector"
 CONNECTOR_MODULE = "vlmcache.vllm.offload_connector"
@@ -42,7 +43,7 @@ class EngineWiring:
     kv_transfer: dict[str, Any] | None
     ec_transfer: dict[str, Any] | None
     block_size: int | None
-    env: dict[str, str] = field(default_factory=dict)
+    env: dict[str, str] = field(default_factory=dict, repr=False)  # may hold the salt
     hash_algo: str | None = None
 
     def llm_kwargs(self, block_size: bool = True) -> dict[str, Any]:
@@ -84,7 +85,7 @@ def kv_extra_config(config: VlmCacheConfig) -> dict[str, Any]:
     tiers = [{"type": TIER_TYPE, "module_path": TIER_MODULE}] if config.disk_budget else []
     return {"spec_name": SPEC_NAME, "spec_module_path": SPEC_MODULE,
             "cpu_bytes_to_use": config.memory_budget, "secondary_tiers": tiers,
-            "vlmcache": config.to_dict()}
+            "vlmcache": public_config(config)}
 
 
 def engine_wiring(config: VlmCacheConfig, device_type: str) -> EngineWiring:
@@ -98,6 +99,8 @@ def engine_wiring(config: VlmCacheConfig, device_type: str) -> EngineWiring:
     if config.enable_encoder_cache:
         ec = {"ec_connector": EC_CONNECTOR_NAME, "ec_connector_module_path": EC_CONNECTOR_MODULE,
               "ec_role": "ec_both", "ec_buffer_device": device_type,
-              "ec_connector_extra_config": config.to_dict()}
+              "ec_connector_extra_config": public_config(config)}
     env = {"PYTHONHASHSEED": os.environ.get("PYTHONHASHSEED", HASH_SEED)}
+    if config.tenant_salt:  # never in the transfer configs: vLLM prints them (issue 33)
+        env[SALT_ENV] = config.tenant_salt
     return EngineWiring(kv, ec, config.block_size, env, HASH_ALGO)

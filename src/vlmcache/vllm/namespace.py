@@ -9,6 +9,7 @@ from typing import Any
 from vlmcache.config import VlmCacheConfig
 from vlmcache.errors import ConfigError
 from vlmcache.keys import Namespace, processor_digest, weights_revision
+from vlmcache.tenant_secret import deployment_salt
 
 logger = logging.getLogger(__name__)
 
@@ -30,6 +31,7 @@ def resolve_model_dir(model: str, revision: str | None) -> Path | None:
 def namespace_for_model(model: str, config: VlmCacheConfig, *, revision: str | None = None,
                         kv_layout: str = "", dummy_weights: bool = False) -> Namespace:
     """Namespace of ``model`` (a directory or a locally cached hub id) under ``config``."""
+    salt = deployment_salt(config)  # first: creates the store 0700 with its salt file
     model_dir = resolve_model_dir(model, revision)
     model_id = model_dir.name if model_dir is not None and Path(model).is_dir() else model
     if config.model_revision is not None:
@@ -44,7 +46,7 @@ def namespace_for_model(model: str, config: VlmCacheConfig, *, revision: str | N
         weights = weights_revision(model_dir, config.store_dir / "weights-digests.json")
     processor = processor_digest(model_dir) if model_dir is not None else "unknown"
     return Namespace(model_id=model_id, weights_revision=weights, processor_digest=processor,
-                     kv_layout=kv_layout, tenant_salt=config.tenant_salt)
+                     kv_layout=kv_layout, tenant_salt=salt)
 
 
 def namespace_for_engine(vllm_config: Any, config: VlmCacheConfig, *,
