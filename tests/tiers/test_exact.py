@@ -19,6 +19,14 @@ DISTINCT = [
     ('Is the word "Polish"?', 'Is the word "polish"?'), ("Is the flag US?", "Is the flag us?"),
     ("Type ｗｈａｔ", "Type what"), ("Roman Ⅳ", "Roman IV"),
     ("```\nif x:\n    y\n```", "```\nif x:\n y\n```"),
+    # issue 33: no case folding after ':', '?', '.', '!' or a newline inside a prompt
+    ("Which country is it: Turkey?", "Which country is it: turkey?"),
+    ("What language is this? Polish", "What language is this? polish"),
+    ("Name the verb or the language. Polish", "Name the verb or the language. polish"),
+    ("Say it! Turkey", "Say it! turkey"),
+    ("Options:\nTurkey\nGreece", "Options:\nturkey\ngreece"),
+    ("USER: <image>\nTurkey or Greece? ASSISTANT:", "USER: <image>\nturkey or Greece? ASSISTANT:"),
+    ("Polish sausage?", "polish sausage?"), ("Turkey?", "turkey?"), ("May I?", "may I?"),
 ]
 
 
@@ -27,10 +35,10 @@ def test_normalize_keeps_meaning_apart(a, b):
     assert normalize_prompt(a) != normalize_prompt(b)
 
 
-def test_normalize_folds_spacing_sentence_case_and_unicode_form():
+def test_normalize_folds_spacing_first_letter_case_and_unicode_form():
     assert normalize_prompt("  What color\tis\n the  car? ") == "what color is the car?"
-    assert normalize_prompt("what's it? Is it red") == normalize_prompt("What's it?  is it red")
-    assert normalize_prompt("USER: <image>\nWhat is it?") == "USER: <image> what is it?"
+    assert normalize_prompt("what's it?  Is it red") == normalize_prompt("What's it? Is it red")
+    assert normalize_prompt("USER: <image>\nWhat is it?") == "USER: <image> What is it?"
     assert normalize_prompt("Café") == normalize_prompt(unicodedata.normalize("NFD", "Café"))
     assert normalize_prompt("What COLOR is it?") != normalize_prompt("what color is it?")
 
@@ -91,3 +99,21 @@ def test_unwritable_path_keeps_memory_entries(tmp_path, caplog):
     t.record("q", [], None, ["k"], 1)
     assert t.lookup("q", [], None) is not None
     assert "cannot persist" in caplog.text
+
+
+def test_case_folds_only_at_the_first_letter_of_a_message_or_part():
+    """Issue 33: only the first word a user types is folded ("What" -> "what"), in a plain
+    prompt and in each message and part of a chat transcript; a capital anywhere else
+    (after ':' or '?', a proper noun) may carry meaning."""
+    from vlmcache.serving.openai_req import encode_transcript
+
+    def chat(*texts):
+        return normalize_prompt(encode_transcript([["system", "Answer briefly."],
+                                                   ["user", ["<image-id>", *texts]]]))
+
+    assert chat("What is it?") == chat("what is it?") == chat("  What  is it? ")
+    assert chat("What is it?", "Is it red?") == chat("what is it?", "is it red?")
+    assert chat("Which country: Turkey?") != chat("which country: turkey?")
+    assert chat("Polish or not?") != chat("polish or not?")  # a first word, but a name
+    assert chat("Turkey?") != chat("turkey?")
+    assert chat("WHAT is it?") != chat("what is it?")  # not sentence case: kept

@@ -1,8 +1,8 @@
 """Exact tier (L0.5): normalized prompt text + image content hashes -> the canonical prompt.
 
-A request whose prompt differs from a cached one only in case, spacing or Unicode form is
-rewritten to the cached prompt's exact text, so everything below (vLLM's prefix cache, the
-persistent KV store) hits exactly. Records also name the KV chunks the prompt was stored under.
+A request whose prompt differs from a cached one only in spacing, Unicode form or the case of
+its first word is rewritten to the cached prompt's exact text, so everything below (vLLM's
+prefix cache, the persistent KV store) hits exactly. Records also name the KV chunks the prompt was stored under.
 
 Persistence is an append-only JSON-lines log beside the store, compacted when it grows to
 twice the live entries: a crash loses at most a torn last line, which loading skips.
@@ -46,20 +46,35 @@ class ExactRecord:
 # single quote opens a quotation only at a word boundary (not the one in "what's").
 _VERBATIM_RE = re.compile(r"```.*?```|`[^`]*`|\"[^\"]*\"|\u201c[^\u201d]*\u201d"
                           r"|\u2018[^\u2019]*\u2019|(?<![\w'])'[^'\n]*'(?![\w'])", re.DOTALL)
-# A sentence-initial word in plain sentence case ("What", not "WHAT", "iPhone" or "Ab3X").
-_SENTENCE_START_RE = re.compile(r"(^|[.!?:\n]\s*)([A-Z])(?=[a-z]*\b)(?![a-z]*[A-Z0-9_])")
+# Where a user's text starts: the prompt's start, or the first line of a chat message or
+# part (after the markers of serving.openai_req.encode_transcript). Only there is a capital
+# a mere convention; after ':', '?', '.' or a newline it may be a name (": Turkey?").
+_TEXT_START_RE = re.compile(r"(^|<\|m:[^|>\n]*\|>\n|\n<\|p\|>\n)(\s*)([A-Z][a-z]*)(?![\w])")
+# First words folded there: question words, auxiliaries, articles, prepositions and common
+# instructions, none of which is also a name or a nationality (so not "May", "Will", "Turkey",
+# "Polish"); a word in any other case ("WHAT", "iPhone") is never folded.
+_FOLDABLE = frozenset("""
+    a an the this that these those there here it its what which who whom whose where when
+    why how is are was were am be been do does did can could should would shall must has
+    have had in on at of for from to with by if please describe count list name give tell
+    answer identify explain find show read look select choose write compare first hello hi
+    hey thanks thank summarize translate classify provide create make check determine
+    consider suppose imagine using based given according and but or so then now ok okay yes no
+""".split())
 
 
 def normalize_prompt(text: str) -> str:
-    """Fold only what cannot change meaning: spacing and plain sentence case.
+    """Fold only what cannot change meaning: spacing and the case of a first word.
 
     Unicode is put in canonical form (NFC: the same characters, encoded alike); NFKC is
     not applied because it merges characters that differ in meaning (``x²``/``x2``,
     ``H₂O``/``H2O``, ``½``, ``①``, ``℃``). Outside quotations and code, whitespace runs
-    collapse to one space and a sentence's first word loses its capital when it is
-    written in sentence case (``What`` -> ``what``); no other case is folded (``US`` vs
-    ``us``, ``aB3x`` vs ``Ab3X``, ``Straße`` vs ``strasse`` stay apart). Quoted and code
-    spans are kept verbatim.
+    collapse to one space, and the first word of the prompt (or of a chat message or part)
+    loses its capital when it is a common function word in sentence case (``What`` ->
+    ``what``, see ``_FOLDABLE``). No other case is folded: not after ``:``, ``?``, ``.`` or a
+    newline (``: Turkey?``/``: turkey?``), not a name (``Polish``/``polish``), not ``US``
+    vs ``us``, ``aB3x`` vs ``Ab3X``, ``Straße`` vs ``strasse``. Quoted and code spans are
+    kept verbatim.
     """
     text = unicodedata.normalize("NFC", text).strip()
     parts, last = [], 0
@@ -72,9 +87,12 @@ def normalize_prompt(text: str) -> str:
 
 
 def _fold_plain(segment: str, at_start: bool) -> str:
-    """Collapse spacing, lower-case sentence-initial sentence-case words (not in quotes)."""
-    folded = _SENTENCE_START_RE.sub(lambda m: m.group(1) + m.group(2).lower(),
-                                    segment if at_start else "\0" + segment)
+    """Collapse spacing; lower-case a foldable first word of the text, a message or a part."""
+    def fold(m: re.Match[str]) -> str:
+        word = m.group(3)
+        return m.group(1) + m.group(2) + (word.lower() if word.lower() in _FOLDABLE else word)
+
+    folded = _TEXT_START_RE.sub(fold, segment if at_start else "\0" + segment)
     folded = folded if at_start else folded[1:]
     return _SPACE_RE.sub(" ", folded)
 
