@@ -117,3 +117,20 @@ def test_case_folds_only_at_the_first_letter_of_a_message_or_part():
     assert chat("Polish or not?") != chat("polish or not?")  # a first word, but a name
     assert chat("Turkey?") != chat("turkey?")
     assert chat("WHAT is it?") != chat("what is it?")  # not sentence case: kept
+
+
+def test_records_keyed_by_the_old_looser_normalization_are_never_hit(tmp_path):
+    """A log written before issue 33 keyed "Which country: Turkey?" as "... : turkey?"; the
+    lowercase question (another meaning) must not find it after the upgrade."""
+    import hashlib
+    import json
+
+    old_key = hashlib.sha256(json.dumps(["ns1", None, "which country: turkey?", ["h"]],
+                                        separators=(",", ":")).encode()).hexdigest()
+    record = {"key": old_key, "canonical_prompt": "Which country: Turkey?",
+              "image_hashes": ["h"], "chunk_keys": ["k"], "prompt_tokens": 9, "created": 1.0}
+    (tmp_path / "exact.jsonl").write_text(json.dumps(record) + "\n")
+    t = tier(tmp_path)
+    assert len(t) == 1  # loaded, but unreachable
+    assert t.lookup("Which country: turkey?", ["h"], None) is None
+    assert t.lookup("which country: turkey?", ["h"], None) is None

@@ -28,6 +28,9 @@ from vlmcache.store.chunkfile import _tmp_path, _unlink_quiet, _write_file, make
 logger = logging.getLogger(__name__)
 
 _SPACE_RE = re.compile(r"\s+")
+#: Part of every key: records written under an older, looser normalization (version 1
+#: folded case after ':' and '?', merging ": Turkey?" with ": turkey?") are never hit again.
+NORMALIZATION_VERSION = 2
 
 
 @dataclass(frozen=True)
@@ -116,8 +119,9 @@ class ExactTextTier:
         self._load()
 
     def key(self, prompt: str, image_hashes: Sequence[str], tenant: str | None) -> str:
-        payload = json.dumps([self.namespace_digest, tenant, normalize_prompt(prompt),
-                              list(image_hashes)], separators=(",", ":"))
+        payload = json.dumps([self.namespace_digest, NORMALIZATION_VERSION, tenant,
+                              normalize_prompt(prompt), list(image_hashes)],
+                             separators=(",", ":"))
         return hashlib.sha256(payload.encode()).hexdigest()
 
     def lookup(self, prompt: str, image_hashes: Sequence[str],
