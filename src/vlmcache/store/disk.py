@@ -418,7 +418,7 @@ class DiskStore:
             with self._lock:
                 index = dict(self._index)
                 self._puts_since_flush = 0
-            error = write_manifest(self.root, self._manifest_path, index)
+            error = write_manifest(self._manifest_path, index)
             if error is not None:
                 logger.warning("%s: could not write the manifest: %s", self.name, error)
                 with self._lock:

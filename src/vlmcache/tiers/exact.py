@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Sequence
 
-from vlmcache.store.chunkfile import _tmp_path, _unlink_quiet, _write_file, make_private_dir
+from vlmcache.store.chunkfile import make_private_dir, write_private_file
 
 logger = logging.getLogger(__name__)
 
@@ -162,15 +162,9 @@ class ExactTextTier:
                            self.path, exc)
 
     def _compact(self) -> None:
-        tmp = _tmp_path(self.path.parent, "exact")  # O_EXCL|O_NOFOLLOW, 0600: see _write_file
         data = "".join(json.dumps(asdict(rec), separators=(",", ":")) + "\n"
                        for rec in self._entries.values())
-        try:
-            _write_file(tmp, data.encode())
-            os.replace(tmp, self.path)
-        except OSError:
-            _unlink_quiet(tmp)
-            raise
+        write_private_file(self.path, data.encode(), stem="exact")  # O_EXCL|O_NOFOLLOW, 0600
         self._log_lines = len(self._entries)
 
     def _load(self) -> None:
