@@ -77,6 +77,8 @@ def test_store_path_naming_an_existing_file_is_refused(tmp_path):
         VlmCacheConfig(store_path=str(afile))
     with pytest.raises(ConfigError, match="store_path"):
         no_engine_llm(tmp_path, {"store_path": str(afile)})
+    with pytest.raises(ConfigError, match="store_path: .*store' is a file, not a directory"):
+        VlmCacheConfig(store_path=str(afile / "below" / "it"))
     assert afile.read_text() == "not a directory"
     VlmCacheConfig(store_path=str(tmp_path))  # an existing directory is fine
     VlmCacheConfig(store_path=str(tmp_path / "not" / "yet"))  # created on first use

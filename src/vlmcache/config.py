@@ -388,8 +388,9 @@ def _validate_store_path(cfg: VlmCacheConfig) -> None:
     if not cfg.store_path.strip():
         raise ConfigError("store_path: must name a directory, got an empty string")
     path = cfg.store_dir
-    if os.path.exists(path) and not os.path.isdir(path):
-        raise ConfigError(f"store_path: {str(path)!r} is a file, not a directory "
+    existing = next((p for p in (path, *path.parents) if os.path.exists(p)), None)
+    if existing is not None and not os.path.isdir(existing):  # the path or an ancestor
+        raise ConfigError(f"store_path: {str(existing)!r} is a file, not a directory "
                           "(must name a directory, existing or to be created)")
 
 
