@@ -130,3 +130,23 @@ def test_write_private_file_refuses_a_directory_at_its_path(tmp_path):
     with pytest.raises(OSError):
         chunkfile.write_private_file(tmp_path / "target", b"x", stem="t")
     assert [p.name for p in tmp_path.iterdir()] == ["target"]  # no temp file left behind
+
+
+def test_memo_and_index_are_not_read_through_planted_links(tmp_path):
+    """A forged memo behind a link would hide changed weights; a linked index is not ours."""
+    store = tmp_path / "store"
+    store.mkdir()
+    model = model_dir(tmp_path)
+    honest = weights_revision(model, store / "weights-digests.json")
+    key = next(iter(json.loads((store / "weights-digests.json").read_text())))
+    forged = tmp_path / "forged.json"
+    forged.write_text(json.dumps({key: "00" * 32}))
+    (store / "weights-digests.json").unlink()
+    (store / "weights-digests.json").symlink_to(forged)
+    assert weights_revision(model, store / "weights-digests.json") == honest
+    index_dir = tmp_path / "ix"
+    index_dir.mkdir()
+    filled_index(tmp_path / "elsewhere" / "text").save()
+    for item in (tmp_path / "elsewhere").iterdir():
+        (index_dir / item.name).symlink_to(item)
+    assert len(VectorIndex(8, index_dir / "text")) == 0

@@ -256,10 +256,13 @@ def file_sha256(path: Path) -> str:
 
 
 def _load_memo(memo_path: Path | None) -> dict[str, str]:
+    from vlmcache.store.chunkfile import _open_read
+
     if memo_path is None or not memo_path.is_file():
         return {}
-    try:
-        data = json.loads(memo_path.read_text())
+    try:  # never through a planted symlink: a forged memo would hide changed weights
+        with _open_read(memo_path) as f:
+            data = json.loads(f.read())
         return {str(k): str(v) for k, v in data.items()} if isinstance(data, dict) else {}
     except (OSError, ValueError) as exc:
         logger.warning("ignoring unreadable weights digest memo %s: %s", memo_path, exc)

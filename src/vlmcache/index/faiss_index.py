@@ -28,7 +28,7 @@ from typing import Callable, Optional, Sequence
 import numpy as np
 
 from vlmcache.errors import require
-from vlmcache.store.chunkfile import write_private_file
+from vlmcache.store.chunkfile import _open_read, write_private_file
 
 logger = logging.getLogger(__name__)
 
@@ -289,8 +289,8 @@ class VectorIndex:
         if not meta_path.is_file():
             return
         try:
-            meta = json.loads(meta_path.read_text())
-            data = (meta_path.parent / meta["faiss"]).read_bytes()
+            meta = json.loads(_read_no_follow(meta_path))
+            data = _read_no_follow(meta_path.parent / meta["faiss"])
             if meta["format"] != FORMAT or meta["dim"] != self.dim:
                 raise ValueError(f"format/dim {meta['format']}/{meta['dim']}")
             if hashlib.sha256(data).hexdigest()[:24] != meta["sha256"]:
@@ -305,3 +305,9 @@ class VectorIndex:
         self._index, self._rows = index, rows
         for row in range(len(rows)):
             self._index_row_locked(row)
+
+
+def _read_no_follow(path: Path) -> bytes:
+    """A file's bytes, never through a planted symlink (``OSError`` then)."""
+    with _open_read(path) as f:
+        return f.read()
