@@ -27,6 +27,7 @@ DISTINCT = [
     ("Options:\nTurkey\nGreece", "Options:\nturkey\ngreece"),
     ("USER: <image>\nTurkey or Greece? ASSISTANT:", "USER: <image>\nturkey or Greece? ASSISTANT:"),
     ("Polish sausage?", "polish sausage?"), ("Turkey?", "turkey?"), ("May I?", "may I?"),
+    ("Pick one:\nA\nB", "Pick one:\na\nB"), ("Is it red? Is it", "Is it red? is it"),
 ]
 
 
@@ -38,7 +39,7 @@ def test_normalize_keeps_meaning_apart(a, b):
 def test_normalize_folds_spacing_first_letter_case_and_unicode_form():
     assert normalize_prompt("  What color\tis\n the  car? ") == "what color is the car?"
     assert normalize_prompt("what's it?  Is it red") == normalize_prompt("What's it? Is it red")
-    assert normalize_prompt("USER: <image>\nWhat is it?") == "USER: <image> What is it?"
+    assert normalize_prompt("USER: <image>\nWhat is it?") == "USER: <image> what is it?"
     assert normalize_prompt("Café") == normalize_prompt(unicodedata.normalize("NFD", "Café"))
     assert normalize_prompt("What COLOR is it?") != normalize_prompt("what color is it?")
 
@@ -101,10 +102,10 @@ def test_unwritable_path_keeps_memory_entries(tmp_path, caplog):
     assert "cannot persist" in caplog.text
 
 
-def test_case_folds_only_at_the_first_letter_of_a_message_or_part():
-    """Issue 33: only the first word a user types is folded ("What" -> "what"), in a plain
-    prompt and in each message and part of a chat transcript; a capital anywhere else
-    (after ':' or '?', a proper noun) may carry meaning."""
+def test_case_folds_only_at_the_first_word_of_a_line():
+    """Issue 33: only the first word of a line is folded ("What" -> "what"): a question's
+    start in a templated prompt and each message and part of a chat transcript; and only a
+    function word: a capital anywhere else (after ':' or '?', a name) may carry meaning."""
     from vlmcache.serving.openai_req import encode_transcript
 
     def chat(*texts):
@@ -117,6 +118,8 @@ def test_case_folds_only_at_the_first_letter_of_a_message_or_part():
     assert chat("Polish or not?") != chat("polish or not?")  # a first word, but a name
     assert chat("Turkey?") != chat("turkey?")
     assert chat("WHAT is it?") != chat("what is it?")  # not sentence case: kept
+    assert normalize_prompt("USER: <image>\nPlease describe it. ASSISTANT:") == \
+        normalize_prompt("USER: <image>\n  please describe it. ASSISTANT:")
 
 
 def test_records_keyed_by_the_old_looser_normalization_are_never_hit(tmp_path):

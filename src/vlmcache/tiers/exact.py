@@ -49,20 +49,21 @@ class ExactRecord:
 # single quote opens a quotation only at a word boundary (not the one in "what's").
 _VERBATIM_RE = re.compile(r"```.*?```|`[^`]*`|\"[^\"]*\"|\u201c[^\u201d]*\u201d"
                           r"|\u2018[^\u2019]*\u2019|(?<![\w'])'[^'\n]*'(?![\w'])", re.DOTALL)
-# Where a user's text starts: the prompt's start, or the first line of a chat message or
-# part (after the markers of serving.openai_req.encode_transcript). Only there is a capital
-# a mere convention; after ':', '?', '.' or a newline it may be a name (": Turkey?").
-_TEXT_START_RE = re.compile(r"(^|<\|m:[^|>\n]*\|>\n|\n<\|p\|>\n)(\s*)([A-Z][a-z]*)(?![\w])")
+# The first word of the prompt or of a line: where a user's question starts (after a chat
+# template's "USER: <image>\n", or serving.openai_req.encode_transcript's message and part
+# markers, each ending a line). Nothing after ':', '?' or '.' on a line is folded: a capital
+# there may be a name (": Turkey?").
+_LINE_START_RE = re.compile(r"(^|\n)(\s*)([A-Z][a-z]*)(?!\w)")
 # First words folded there: question words, auxiliaries, articles, prepositions and common
-# instructions, none of which is also a name or a nationality (so not "May", "Will", "Turkey",
-# "Polish"); a word in any other case ("WHAT", "iPhone") is never folded.
+# instructions, none of which is also a name, a nationality or a label (so not "May", "Will",
+# "Turkey", "Polish", "A"); a word in any other case ("WHAT", "iPhone") is never folded.
 _FOLDABLE = frozenset("""
-    a an the this that these those there here it its what which who whom whose where when
+    an the this that these those there here it its what which who whom whose where when
     why how is are was were am be been do does did can could should would shall must has
     have had in on at of for from to with by if please describe count list name give tell
     answer identify explain find show read look select choose write compare first hello hi
     hey thanks thank summarize translate classify provide create make check determine
-    consider suppose imagine using based given according and but or so then now ok okay yes no
+    consider suppose imagine using based given according and but or so then now ok okay yes
 """.split())
 
 
@@ -72,12 +73,13 @@ def normalize_prompt(text: str) -> str:
     Unicode is put in canonical form (NFC: the same characters, encoded alike); NFKC is
     not applied because it merges characters that differ in meaning (``x²``/``x2``,
     ``H₂O``/``H2O``, ``½``, ``①``, ``℃``). Outside quotations and code, whitespace runs
-    collapse to one space, and the first word of the prompt (or of a chat message or part)
-    loses its capital when it is a common function word in sentence case (``What`` ->
-    ``what``, see ``_FOLDABLE``). No other case is folded: not after ``:``, ``?``, ``.`` or a
-    newline (``: Turkey?``/``: turkey?``), not a name (``Polish``/``polish``), not ``US``
-    vs ``us``, ``aB3x`` vs ``Ab3X``, ``Straße`` vs ``strasse``. Quoted and code spans are
-    kept verbatim.
+    collapse to one space, and the first word of the prompt or of a line (where a question
+    starts after a chat template's ``USER: <image>\\n``, or a chat message or part) loses its
+    capital when it is a common function word in sentence case (``What`` -> ``what``, see
+    ``_FOLDABLE``). No other case is folded: nothing after ``:``, ``?`` or ``.`` on a line
+    (``: Turkey?``/``: turkey?``), no name even at a line start (``Polish``/``polish``),
+    not ``US`` vs ``us``, ``aB3x`` vs ``Ab3X``, ``Straße`` vs ``strasse``. Quoted and code
+    spans are kept verbatim.
     """
     text = unicodedata.normalize("NFC", text).strip()
     parts, last = [], 0
@@ -90,12 +92,12 @@ def normalize_prompt(text: str) -> str:
 
 
 def _fold_plain(segment: str, at_start: bool) -> str:
-    """Collapse spacing; lower-case a foldable first word of the text, a message or a part."""
+    """Collapse spacing; lower-case a foldable first word of the text or of a line."""
     def fold(m: re.Match[str]) -> str:
         word = m.group(3)
         return m.group(1) + m.group(2) + (word.lower() if word.lower() in _FOLDABLE else word)
 
-    folded = _TEXT_START_RE.sub(fold, segment if at_start else "\0" + segment)
+    folded = _LINE_START_RE.sub(fold, segment if at_start else "\0" + segment)
     folded = folded if at_start else folded[1:]
     return _SPACE_RE.sub(" ", folded)
 
