@@ -129,3 +129,10 @@ def test_each_range_is_enforced_and_named(key):
 def test_floats_must_be_finite(key, bad):
     with pytest.raises(ConfigError, match=rf"^{key}: must be a finite number"):
         VlmCacheConfig(**{key: bad})
+
+
+def test_a_mistyped_tenant_salt_is_not_echoed():
+    with pytest.raises(ConfigError, match="tenant_salt: expected str, got int") as err:
+        VlmCacheConfig.from_dict({"tenant_salt": 987654321})
+    assert "987654321" not in str(err.value)
+    assert VlmCacheConfig(tenant_salt="a\0b").tenant_salt == "a\0b"  # a secret: any string

@@ -335,7 +335,7 @@ def _check_keys(values: object) -> None:
                           f"got {type(values).__name__}")
     bad = [k for k in values if not isinstance(k, str)]
     if bad:
-        named = ", ".join(f"{k!r} ({type(k).__name__})" for k in bad[:5])
+        named = ", ".join(f"{repr(k)[:40]} ({type(k).__name__})" for k in bad[:5])
         raise ConfigError(f"config keys must be strings (names of config keys); got {named}")
 
 
@@ -369,7 +369,7 @@ def _validate(cfg: VlmCacheConfig) -> None:
 
 def _check_no_nul(key: str, value: object) -> None:
     """No NUL in a string key: a path or name with one fails deep inside ``os`` calls."""
-    if isinstance(value, str) and "\0" in value and key != "tenant_salt":  # a secret: any str
+    if isinstance(value, str) and "\0" in value and key not in _SECRET_KEYS:  # any secret
         raise ConfigError(f"{key}: must not contain a NUL character")
 
 
@@ -419,6 +419,10 @@ def _validate_redis(cfg: VlmCacheConfig) -> None:
                           f"spaces, got {cfg.redis_prefix!r}")
 
 
+#: Keys whose values never appear in an error message (it may reach a log).
+_SECRET_KEYS = frozenset({"tenant_salt"})
+
+
 def _check_type(key: str, value: object, hint: object) -> None:
     args = get_args(hint)
     if args and all(isinstance(a, str) for a in args):  # a Literal
@@ -430,10 +434,9 @@ def _check_type(key: str, value: object, hint: object) -> None:
         return
     if float in allowed and isinstance(value, int) and not isinstance(value, bool):
         return
-    if bool not in allowed and isinstance(value, bool):
-        raise ConfigError(f"{key}: expected {_names(allowed)}, got {value!r}")
-    if not isinstance(value, allowed):
-        raise ConfigError(f"{key}: expected {_names(allowed)}, got {value!r}")
+    if (bool not in allowed and isinstance(value, bool)) or not isinstance(value, allowed):
+        shown = type(value).__name__ if key in _SECRET_KEYS else repr(value)[:200]
+        raise ConfigError(f"{key}: expected {_names(allowed)}, got {shown}")
 
 
 def _names(types: tuple[object, ...]) -> str:
