@@ -22,7 +22,7 @@ from typing import Any, Mapping, Sequence
 
 from vlmcache.cascade import Cascade, CascadeRequest, Resolution, Rewrite, build_cascade
 from vlmcache.config import VlmCacheConfig
-from vlmcache.errors import RequestError
+from vlmcache.errors import ConfigError, RequestError
 from vlmcache.keys import image_content_hash, image_uuid, tenant_cache_salt
 from vlmcache.report import EncoderReuse, KVReuse, ReuseReport, build_report
 from vlmcache.tenant_secret import deployment_salt
@@ -267,7 +267,10 @@ def _as_config(config: VlmCacheConfig | Mapping[str, object] | str | Path | None
         return config
     if isinstance(config, (str, Path)):
         return VlmCacheConfig.from_yaml(config)
-    return VlmCacheConfig.from_dict(config)
+    if isinstance(config, Mapping):
+        return VlmCacheConfig.from_dict(config)
+    raise ConfigError(f"config: expected a VlmCacheConfig, a mapping of its keys or a YAML "
+                      f"path, got {type(config).__name__}")
 
 
 def _with_transfer_params(params: Any, bypass: bool, tenant: str | None) -> Any:

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, Mapping, get_args, get_type_hints
 
+from vlmcache.config_ranges import RANGES, check_range
 from vlmcache.errors import ConfigError
 
 GiB = 1024**3
@@ -160,14 +161,14 @@ class VlmCacheConfig:
         admission_ghost_entries: fingerprints the second-sight filter remembers per tier.
         eviction: ``reuse`` (default): entries hit at least once are evicted only after every
             never-reused entry (segmented LRU); ``lru``: plain LRU.
-        disk_write_queue: bytes of KV chunks (at most ``memory_budget``) that may wait for
-            the disk writer with ``disk_write: async``; past it, a put writes the chunk
-            itself (backpressure), so a crash never loses more than the queue. The
-            persistent KV tier stages up to this many bytes of copied rows, never more
-            than ``memory_budget`` (so vLLM's store jobs finish at once); past it, rows are
-            written before their job finishes. A crash loses what is queued, and the next
-            start reports it
-            (see docs/reliability.md).
+        disk_write_queue: bytes of KV chunks (at most ``memory_budget``; ``None``, the
+            default: ``min(1 GiB, memory_budget)``) that may wait for the disk writer with
+            ``disk_write: async``; past it, a put writes the chunk itself (backpressure), so
+            a crash never loses more than the queue. The persistent KV tier stages up to
+            this many bytes of copied rows, never more than ``memory_budget`` (so vLLM's
+            store jobs finish at once); past it, rows are written before their job
+            finishes. A crash loses what is queued, and the next start reports it (see
+            docs/reliability.md).
     """
 
     store_path: str = "~/.cache/vlmcache"
@@ -256,7 +257,7 @@ class VlmCacheConfig:
     admission_disk: AdmissionName = "always"
     admission_ghost_entries: int = 65_536
     eviction: EvictionName = "reuse"
-    disk_write_queue: int = 1 * GiB
+    disk_write_queue: int | None = None  # resolved to min(1 GiB, memory_budget)
     # --- end issue 14A ---
 
     def __post_init__(self) -> None:
@@ -270,6 +271,7 @@ class VlmCacheConfig:
     @classmethod
     def from_dict(cls, values: Mapping[str, object]) -> "VlmCacheConfig":
         """Build from a mapping; unknown keys and bad values raise :class:`ConfigError`."""
+        _check_keys(values)
         allowed = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(values) - allowed)
         if unknown:
@@ -290,6 +292,7 @@ class VlmCacheConfig:
         ``config_file`` (optional) names a YAML file; the other keys override its values.
         Keys vLLM or other connectors put there are ignored only if they start with ``_``.
         """
+        _check_keys(extra or {})
         values = {k: v for k, v in dict(extra or {}).items() if not k.startswith("_")}
         config_file = values.pop("config_file", None)
         base = _read_yaml(Path(str(config_file))) if config_file else {}
@@ -305,7 +308,7 @@ def _read_yaml(path: Path) -> dict[str, object]:
 
     try:
         text = path.read_text()
-    except OSError as exc:
+    except (OSError, ValueError) as exc:  # ValueError: a NUL in the path
         raise ConfigError(f"config_file {str(path)!r} cannot be read: {exc}") from exc
     try:
         data = yaml.safe_load(text)
@@ -331,9 +334,20 @@ _BYTE_KEYS = ("memory_budget", "disk_budget", "encoder_memory_budget", "encoder_
               "disk_write_queue")
 
 
+def _check_keys(values: object) -> None:
+    """A mapping whose keys are all strings (YAML turns ``1:`` into an int key)."""
+    if not isinstance(values, Mapping):
+        raise ConfigError(f"config: expected a mapping of config keys, "
+                          f"got {type(values).__name__}")
+    bad = [k for k in values if not isinstance(k, str)]
+    if bad:
+        named = ", ".join(f"{repr(k)[:40]} ({type(k).__name__})" for k in bad[:5])
+        raise ConfigError(f"config keys must be strings (names of config keys); got {named}")
+
+
 def _coerce_all(values: dict[str, object]) -> dict[str, object]:
     for key in _BYTE_KEYS:
-        if key in values:
+        if values.get(key) is not None:  # disk_write_queue may be null (the default)
             values[key] = parse_bytes(values[key], key)
     return values
 
@@ -342,64 +356,49 @@ def _validate(cfg: VlmCacheConfig) -> None:
     hints = get_type_hints(VlmCacheConfig)
     for f in dataclasses.fields(cfg):
         _check_type(f.name, getattr(cfg, f.name), hints[f.name])
-    for key in _BYTE_KEYS:
-        low = 0 if key == "disk_budget" else 1  # disk_budget 0: no disk tier (memory only)
-        if getattr(cfg, key) < low:
-            raise ConfigError(f"{key}: must be a {'non-negative' if low == 0 else 'positive'} "
-                              f"byte size, got {getattr(cfg, key)}")
-    if cfg.block_size is not None and (cfg.block_size <= 0 or cfg.block_size % 16):
+        _check_no_nul(f.name, getattr(cfg, f.name))
+    for key in RANGES:
+        check_range(key, getattr(cfg, key))
+    _resolve_write_queue(cfg)
+    if cfg.block_size is not None and cfg.block_size % 16:
         raise ConfigError(
             f"block_size: must be a positive multiple of 16 (the CPU backend needs a "
             f"multiple of 32) or null for vLLM's default, got {cfg.block_size}"
         )
-    for key in ("semantic_text_threshold", "image_threshold", "prompt_threshold"):
-        value = getattr(cfg, key)
-        if not 0.0 < value <= 1.0:
-            raise ConfigError(f"{key}: must be in (0, 1], got {value}")
-    if cfg.vector_index_hnsw_threshold < 1:
-        raise ConfigError("vector_index_hnsw_threshold: must be >= 1, got "
-                          f"{cfg.vector_index_hnsw_threshold}")
     if cfg.image_embedder == "clip" and (not cfg.image_embedder_path
                                          or not cfg.image_embedder_dim):
         raise ConfigError("image_embedder: 'clip' needs image_embedder_path (local weights) "
                           "and image_embedder_dim")
-    if cfg.min_load_tokens < 1:
-        raise ConfigError(f"min_load_tokens: must be >= 1, got {cfg.min_load_tokens}")
-    if cfg.exact_max_entries < 1:
-        raise ConfigError(f"exact_max_entries: must be >= 1, got {cfg.exact_max_entries}")
-    _validate_similarity(cfg)  # issue 13
-    _validate_front(cfg)  # issue 12
     _validate_redis(cfg)  # issue 14B
-    _validate_kv_path(cfg)  # issue 11
-    _validate_fairness(cfg)  # issue 14A
+    _validate_store_path(cfg)
+    _validate_open_routes(cfg)
+
+
+def _check_no_nul(key: str, value: object) -> None:
+    """No NUL in a string key: a path or name with one fails deep inside ``os`` calls."""
+    if isinstance(value, str) and "\0" in value and key not in _SECRET_KEYS:  # any secret
+        raise ConfigError(f"{key}: must not contain a NUL character")
+
+
+def _resolve_write_queue(cfg: VlmCacheConfig) -> None:
+    """``disk_write_queue``: ``None`` -> min(1 GiB, memory_budget); above the budget: refused
+    (the write-behind queue holds copies in memory, within ``memory_budget``)."""
+    if cfg.disk_write_queue is None:
+        object.__setattr__(cfg, "disk_write_queue", min(GiB, cfg.memory_budget))
+    elif cfg.disk_write_queue > cfg.memory_budget:
+        raise ConfigError(f"disk_write_queue: must be at most memory_budget "
+                          f"({cfg.memory_budget} B), got {cfg.disk_write_queue}")
+
+
+def _validate_store_path(cfg: VlmCacheConfig) -> None:
+    """A directory, existing or not yet created; never an existing file."""
     if not cfg.store_path.strip():
         raise ConfigError("store_path: must name a directory, got an empty string")
-
-
-
-def _validate_similarity(cfg: VlmCacheConfig) -> None:
-    """Verified similarity and calibrated thresholds (issue 13)."""
-    if not 0.0 < cfg.max_false_hit_rate < 1.0:
-        raise ConfigError(f"max_false_hit_rate: must be in (0, 1), got {cfg.max_false_hit_rate}")
-    for key in ("image_verify_threshold", "semantic_facet_threshold"):
-        value = getattr(cfg, key)
-        if value is not None and not 0.0 < value <= 1.0:
-            raise ConfigError(f"{key}: must be in (0, 1] or null (from calibration), got {value}")
-    if cfg.image_candidates < 1:
-        raise ConfigError(f"image_candidates: must be >= 1, got {cfg.image_candidates}")
-    if not 0 <= cfg.image_candidate_shift <= 16:
-        raise ConfigError(f"image_candidate_shift: must be in [0, 16], got "
-                          f"{cfg.image_candidate_shift}")
-
-
-def _validate_fairness(cfg: VlmCacheConfig) -> None:
-    """Tenant quotas and admission (issue 14A)."""
-    if not 0.0 < cfg.tenant_quota <= 1.0:
-        raise ConfigError(f"tenant_quota: must be in (0, 1] (a share of each memory tier; "
-                          f"1.0 = no quota), got {cfg.tenant_quota}")
-    if cfg.admission_ghost_entries < 1:
-        raise ConfigError(f"admission_ghost_entries: must be >= 1, "
-                          f"got {cfg.admission_ghost_entries}")
+    path = cfg.store_dir
+    existing = next((p for p in (path, *path.parents) if os.path.exists(p)), None)
+    if existing is not None and not os.path.isdir(existing):  # the path or an ancestor
+        raise ConfigError(f"store_path: {str(existing)!r} is a file, not a directory "
+                          "(must name a directory, existing or to be created)")
 
 
 _REDIS_SCHEMES = ("redis", "rediss", "unix")
@@ -422,16 +421,13 @@ def _validate_redis(cfg: VlmCacheConfig) -> None:
             raise ConfigError("redis_url: must not contain a password; put it in the "
                               f"environment variable {cfg.redis_password_env!r} "
                               "(redis_password_env)")
-    for key in ("redis_timeout_ms", "redis_connect_timeout_ms", "redis_backoff_max_s",
-                "redis_sync_interval_s"):
-        if getattr(cfg, key) <= 0:
-            raise ConfigError(f"{key}: must be > 0, got {getattr(cfg, key)}")
-    for key in ("redis_chunk_ttl_s", "redis_log_max_entries"):
-        if getattr(cfg, key) < 1:
-            raise ConfigError(f"{key}: must be >= 1, got {getattr(cfg, key)}")
     if not cfg.redis_prefix or not cfg.redis_prefix.isprintable() or " " in cfg.redis_prefix:
         raise ConfigError(f"redis_prefix: must be a non-empty printable string without "
                           f"spaces, got {cfg.redis_prefix!r}")
+
+
+#: Keys whose values never appear in an error message (it may reach a log).
+_SECRET_KEYS = frozenset({"tenant_salt"})
 
 
 def _check_type(key: str, value: object, hint: object) -> None:
@@ -445,41 +441,23 @@ def _check_type(key: str, value: object, hint: object) -> None:
         return
     if float in allowed and isinstance(value, int) and not isinstance(value, bool):
         return
-    if bool not in allowed and isinstance(value, bool):
-        raise ConfigError(f"{key}: expected {_names(allowed)}, got {value!r}")
-    if not isinstance(value, allowed):
-        raise ConfigError(f"{key}: expected {_names(allowed)}, got {value!r}")
+    if (bool not in allowed and isinstance(value, bool)) or not isinstance(value, allowed):
+        shown = type(value).__name__ if key in _SECRET_KEYS else repr(value)[:200]
+        raise ConfigError(f"{key}: expected {_names(allowed)}, got {shown}")
 
 
 def _names(types: tuple[object, ...]) -> str:
     return " or ".join(getattr(t, "__name__", str(t)).replace("NoneType", "null") for t in types)
 
 
-def _validate_front(cfg: VlmCacheConfig) -> None:
-    """Limits of the serving front (issue 12)."""
-    for key in ("response_ttl_s", "remote_image_timeout_s"):
-        if getattr(cfg, key) <= 0:
-            raise ConfigError(f"{key}: must be > 0 seconds, got {getattr(cfg, key)}")
-    for key in ("max_image_pixels", "max_images_per_request"):
-        if getattr(cfg, key) < 1:
-            raise ConfigError(f"{key}: must be >= 1, got {getattr(cfg, key)}")
-    from vlmcache.routes import parse_open_routes  # issue 33
+def _validate_open_routes(cfg: VlmCacheConfig) -> None:
+    """``open_routes`` names only refused or unknown routes (issue 33)."""
+    from vlmcache.routes import parse_open_routes
 
     try:
         parse_open_routes(cfg.open_routes)
     except ValueError as exc:
         raise ConfigError(f"open_routes: {exc}") from None
-
-
-def _validate_kv_path(cfg: VlmCacheConfig) -> None:
-    """Limits of the KV path's cost model (issue 11)."""
-    for key in ("kv_read_bytes_per_s_prior", "kv_prefill_tokens_per_s_prior"):
-        if getattr(cfg, key) <= 0:
-            raise ConfigError(f"{key}: must be > 0, got {getattr(cfg, key)}")
-    if cfg.kv_read_fixed_s < 0:
-        raise ConfigError(f"kv_read_fixed_s: must be >= 0, got {cfg.kv_read_fixed_s}")
-    if not 1 <= cfg.kv_io_threads <= 64:
-        raise ConfigError(f"kv_io_threads: must be in [1, 64], got {cfg.kv_io_threads}")
 
 
 # --- issue 12: a misspelled keyword is a ConfigError naming it, not a bare TypeError ---

@@ -13,7 +13,6 @@ import functools
 import hashlib
 import json
 import logging
-import os
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -257,10 +256,13 @@ def file_sha256(path: Path) -> str:
 
 
 def _load_memo(memo_path: Path | None) -> dict[str, str]:
+    from vlmcache.store.chunkfile import _open_read
+
     if memo_path is None or not memo_path.is_file():
         return {}
-    try:
-        data = json.loads(memo_path.read_text())
+    try:  # never through a planted symlink: a forged memo would hide changed weights
+        with _open_read(memo_path) as f:
+            data = json.loads(f.read())
         return {str(k): str(v) for k, v in data.items()} if isinstance(data, dict) else {}
     except (OSError, ValueError) as exc:
         logger.warning("ignoring unreadable weights digest memo %s: %s", memo_path, exc)
@@ -270,11 +272,11 @@ def _load_memo(memo_path: Path | None) -> dict[str, str]:
 def _save_memo(memo_path: Path | None, memo: dict[str, str]) -> None:
     if memo_path is None:
         return
+    from vlmcache.store.chunkfile import write_private_file
+
     with _memo_lock:
-        try:
-            memo_path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = memo_path.with_name(f".{memo_path.name}.{os.getpid()}.tmp")
-            tmp.write_text(json.dumps(memo, sort_keys=True))
-            os.replace(tmp, memo_path)
+        try:  # the store root may be shared: never through a planted symlink
+            write_private_file(memo_path, json.dumps(memo, sort_keys=True).encode(),
+                               stem="memo", sync=False)  # a lost memo is only re-hashing
         except OSError as exc:
             logger.warning("cannot save weights digest memo %s: %s", memo_path, exc)

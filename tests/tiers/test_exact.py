@@ -19,6 +19,15 @@ DISTINCT = [
     ('Is the word "Polish"?', 'Is the word "polish"?'), ("Is the flag US?", "Is the flag us?"),
     ("Type ｗｈａｔ", "Type what"), ("Roman Ⅳ", "Roman IV"),
     ("```\nif x:\n    y\n```", "```\nif x:\n y\n```"),
+    # issue 33: no case folding after ':', '?', '.', '!' or a newline inside a prompt
+    ("Which country is it: Turkey?", "Which country is it: turkey?"),
+    ("What language is this? Polish", "What language is this? polish"),
+    ("Name the verb or the language. Polish", "Name the verb or the language. polish"),
+    ("Say it! Turkey", "Say it! turkey"),
+    ("Options:\nTurkey\nGreece", "Options:\nturkey\ngreece"),
+    ("USER: <image>\nTurkey or Greece? ASSISTANT:", "USER: <image>\nturkey or Greece? ASSISTANT:"),
+    ("Polish sausage?", "polish sausage?"), ("Turkey?", "turkey?"), ("May I?", "may I?"),
+    ("Pick one:\nA\nB", "Pick one:\na\nB"), ("Is it red? Is it", "Is it red? is it"),
 ]
 
 
@@ -27,9 +36,9 @@ def test_normalize_keeps_meaning_apart(a, b):
     assert normalize_prompt(a) != normalize_prompt(b)
 
 
-def test_normalize_folds_spacing_sentence_case_and_unicode_form():
+def test_normalize_folds_spacing_first_letter_case_and_unicode_form():
     assert normalize_prompt("  What color\tis\n the  car? ") == "what color is the car?"
-    assert normalize_prompt("what's it? Is it red") == normalize_prompt("What's it?  is it red")
+    assert normalize_prompt("what's it?  Is it red") == normalize_prompt("What's it? Is it red")
     assert normalize_prompt("USER: <image>\nWhat is it?") == "USER: <image> what is it?"
     assert normalize_prompt("Café") == normalize_prompt(unicodedata.normalize("NFD", "Café"))
     assert normalize_prompt("What COLOR is it?") != normalize_prompt("what color is it?")
@@ -91,3 +100,40 @@ def test_unwritable_path_keeps_memory_entries(tmp_path, caplog):
     t.record("q", [], None, ["k"], 1)
     assert t.lookup("q", [], None) is not None
     assert "cannot persist" in caplog.text
+
+
+def test_case_folds_only_at_the_first_word_of_a_line():
+    """Issue 33: only the first word of a line is folded ("What" -> "what"): a question's
+    start in a templated prompt and each message and part of a chat transcript; and only a
+    function word: a capital anywhere else (after ':' or '?', a name) may carry meaning."""
+    from vlmcache.serving.openai_req import encode_transcript
+
+    def chat(*texts):
+        return normalize_prompt(encode_transcript([["system", "Answer briefly."],
+                                                   ["user", ["<image-id>", *texts]]]))
+
+    assert chat("What is it?") == chat("what is it?") == chat("  What  is it? ")
+    assert chat("What is it?", "Is it red?") == chat("what is it?", "is it red?")
+    assert chat("Which country: Turkey?") != chat("which country: turkey?")
+    assert chat("Polish or not?") != chat("polish or not?")  # a first word, but a name
+    assert chat("Turkey?") != chat("turkey?")
+    assert chat("WHAT is it?") != chat("what is it?")  # not sentence case: kept
+    assert normalize_prompt("USER: <image>\nPlease describe it. ASSISTANT:") == \
+        normalize_prompt("USER: <image>\n  please describe it. ASSISTANT:")
+
+
+def test_records_keyed_by_the_old_looser_normalization_are_never_hit(tmp_path):
+    """A log written before issue 33 keyed "Which country: Turkey?" as "... : turkey?"; the
+    lowercase question (another meaning) must not find it after the upgrade."""
+    import hashlib
+    import json
+
+    old_key = hashlib.sha256(json.dumps(["ns1", None, "which country: turkey?", ["h"]],
+                                        separators=(",", ":")).encode()).hexdigest()
+    record = {"key": old_key, "canonical_prompt": "Which country: Turkey?",
+              "image_hashes": ["h"], "chunk_keys": ["k"], "prompt_tokens": 9, "created": 1.0}
+    (tmp_path / "exact.jsonl").write_text(json.dumps(record) + "\n")
+    t = tier(tmp_path)
+    assert len(t) == 1  # loaded, but unreachable
+    assert t.lookup("Which country: turkey?", ["h"], None) is None
+    assert t.lookup("which country: turkey?", ["h"], None) is None

@@ -20,7 +20,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 import threading
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -29,6 +28,7 @@ from typing import Callable, Optional, Sequence
 import numpy as np
 
 from vlmcache.errors import require
+from vlmcache.store.chunkfile import _open_read, write_private_file
 
 logger = logging.getLogger(__name__)
 
@@ -171,21 +171,34 @@ class VectorIndex:
                 probe = min(total, probe * 4)
             return []
 
-    def save(self) -> None:
-        """Persist atomically (no-op without ``path``)."""
+    def save(self) -> bool:
+        """Persist atomically (no-op without ``path``); ``False`` on an I/O fault (logged:
+        the index stays in memory and dirty, so the next save tries again)."""
         if self.path is None:
-            return
+            return True
         with self._lock:
             data = self.faiss.serialize_index(self._index).tobytes()
             rows = [None if e is None else asdict(e) for e in self._rows]
-            self._dirty = 0
+            dirty, self._dirty = self._dirty, 0
+        try:
+            self._write(data, rows)
+        except OSError as exc:  # a full disk, a planted symlink: a cache fault, never raised
+            logger.warning("vector index %s: cannot save (%s); kept in memory", self.path, exc)
+            with self._lock:
+                self._dirty += max(dirty, 1)
+            return False
+        return True
+
+    def _write(self, data: bytes, rows: list[dict[str, object] | None]) -> None:
+        """The index blob, then the metadata naming it (private files, see
+        :func:`~vlmcache.store.chunkfile.write_private_file`); older blobs are removed."""
+        assert self.path is not None
         digest = hashlib.sha256(data).hexdigest()[:24]
-        self.path.parent.mkdir(parents=True, exist_ok=True)
         blob = self.path.with_name(f"{self.path.name}.{digest}.faiss")
-        _atomic_write(blob, data)
+        write_private_file(blob, data, stem="index")
         meta = {"format": FORMAT, "dim": self.dim, "faiss": blob.name, "sha256": digest,
                 "rows": rows}
-        _atomic_write(self._meta_path(), json.dumps(meta).encode())
+        write_private_file(self._meta_path(), json.dumps(meta).encode(), stem="meta")
         for old in self.path.parent.glob(f"{self.path.name}.*.faiss"):
             if old != blob:
                 old.unlink(missing_ok=True)
@@ -276,8 +289,8 @@ class VectorIndex:
         if not meta_path.is_file():
             return
         try:
-            meta = json.loads(meta_path.read_text())
-            data = (meta_path.parent / meta["faiss"]).read_bytes()
+            meta = json.loads(_read_no_follow(meta_path))
+            data = _read_no_follow(meta_path.parent / meta["faiss"])
             if meta["format"] != FORMAT or meta["dim"] != self.dim:
                 raise ValueError(f"format/dim {meta['format']}/{meta['dim']}")
             if hashlib.sha256(data).hexdigest()[:24] != meta["sha256"]:
@@ -294,10 +307,7 @@ class VectorIndex:
             self._index_row_locked(row)
 
 
-def _atomic_write(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+def _read_no_follow(path: Path) -> bytes:
+    """A file's bytes, never through a planted symlink (``OSError`` then)."""
+    with _open_read(path) as f:
+        return f.read()

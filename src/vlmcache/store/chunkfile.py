@@ -285,6 +285,28 @@ def _write_file(path: Path, data: bytes | Sequence[bytes | memoryview],
             os.fsync(f.fileno())
 
 
+def write_private_file(path: Path, data: bytes, *, stem: str, sync: bool = True) -> None:
+    """Atomically replace ``path`` with ``data``, for any file vlmcache keeps beside a store.
+
+    The bytes go to a fresh temp file beside ``path`` (unique name, 0600, created with
+    ``O_EXCL|O_NOFOLLOW``: a symlink planted there fails the write instead of redirecting
+    it), fsynced unless ``sync`` is off, then ``os.replace`` (which replaces a symlink at
+    ``path`` itself, never its target). A missing parent is created 0700 (an existing one,
+    e.g. a symlinked store root the user chose, is used as it is). ``stem`` ([0-9a-z]+)
+    names the temp file, so a dead writer's leftover is recognised. Raises ``OSError``,
+    with the temp file removed.
+    """
+    if not os.path.isdir(path.parent):
+        make_private_dir(path.parent)
+    tmp = _tmp_path(path.parent, stem)
+    try:
+        _write_file(tmp, data, sync=sync)
+        os.replace(tmp, path)
+    except OSError:
+        _unlink_quiet(tmp)
+        raise
+
+
 def u8_chunk_header(name: str, nbytes: int, meta: dict[str, str]) -> bytes:
     """The safetensors header (length prefix + JSON, space-padded to 8 bytes) of a chunk
     holding one uint8 tensor ``name`` of ``nbytes``: the payload follows it unchanged."""

@@ -142,9 +142,9 @@ class DiskStore:
         except FileNotFoundError:
             return self._missing(key, entry)
         except _ChunkFault as fault:
-            return self._fault(key, path, entry, str(fault))
+            return self._fault(key, entry, str(fault))
         except OSError as exc:
-            return self._fault(key, path, entry, f"I/O error: {exc}")
+            return self._fault(key, entry, f"I/O error: {exc}")
         self._accept(key, entry, sha, nbytes, tenant)
         return value
 
@@ -194,12 +194,10 @@ class DiskStore:
 
     def delete(self, key: str) -> bool:
         """Drop ``key`` and its file (listeners are not called); ``True`` when it was there."""
-        path = self.path_for(key)
+        check_key(key)
         with self._lock, self._ledger.locked() as led:
             entry = self._unindex_locked(key)
-            size = entry.nbytes if entry is not None else _size_or_none(path, key)
-            removed = _unlink_quiet(path)
-            self._uncount_locked(led, (size or 0) if removed else 0, size is None and removed)
+            removed = self._remove_file_locked(led, key, entry)
         return entry is not None or removed
 
     def keys(self) -> list[str]:
@@ -243,7 +241,7 @@ class DiskStore:
         logger.info("%s: chunk %s was removed by another store on this root", self.name, key)
         return None
 
-    def _fault(self, key: str, path: Path, entry: _Entry | None, reason: str) -> None:
+    def _fault(self, key: str, entry: _Entry | None, reason: str) -> None:
         """Log, count and delete a chunk file that cannot be trusted (unless replaced meanwhile)."""
         logger.warning("%s: chunk %s is unusable (%s); deleting it", self.name, key, reason)
         with self._lock, self._ledger.locked() as led:
@@ -252,9 +250,7 @@ class DiskStore:
             if self._index.get(key) is entry:
                 if entry is not None:
                     self._unindex_locked(key)
-                removed = _unlink_quiet(path)
-                size = entry.nbytes if entry is not None else None
-                self._uncount_locked(led, (size or 0) if removed else 0, size is None and removed)
+                self._remove_file_locked(led, key, entry)
         return None
 
     def _accept(self, key: str, entry: _Entry | None, sha: str, nbytes: int,
@@ -364,8 +360,7 @@ class DiskStore:
             assert entry is not None
             self._tenants.evicted(entry.tenant)
             self._evictions += 1
-            removed = _unlink_quiet(self._chunks / key[:2] / f"{key}{SUFFIX}")
-            self._uncount_locked(led, entry.nbytes if removed else 0, False)
+            self._remove_file_locked(led, key, entry)
             evicted.append(key)
         return evicted
 
@@ -390,11 +385,25 @@ class DiskStore:
         return ((led.total or 0) > self.capacity_bytes
                 or self._occupancy + incoming > self.capacity_bytes)
 
-    def _uncount_locked(self, led: LedgerView, nbytes: int, unknown: bool) -> None:
-        """Subtract a removed file; a removal of unknown size schedules a recount."""
+    def _remove_file_locked(self, led: LedgerView, key: str, entry: _Entry | None) -> bool:
+        """Unlink chunk ``key`` and subtract the payload its file declares; ``True`` if removed.
+
+        The size comes from the file being removed, not from ``entry``: another process may
+        have rewritten the chunk at another size since this store indexed it, and the ledger
+        counted that rewrite. Nobody can replace the file meanwhile (every commit holds the
+        ledger lock). An unreadable file subtracts ``entry``'s size and schedules a recount.
+        """
+        path = self._chunks / key[:2] / f"{key}{SUFFIX}"
+        size = _size_or_none(path, key)
+        removed = _unlink_quiet(path)
+        if not removed:
+            return False
+        if size is None:
+            size = entry.nbytes if entry is not None else 0
+            self._recount_due = True
         if led.total is not None:
-            led.total = max(0, led.total - nbytes)
-        self._recount_due |= unknown
+            led.total = max(0, led.total - size)
+        return True
 
     def _stamp_locked(self) -> float:
         """A strictly increasing wall-clock time, so LRU order survives a manifest round trip."""
@@ -409,7 +418,7 @@ class DiskStore:
             with self._lock:
                 index = dict(self._index)
                 self._puts_since_flush = 0
-            error = write_manifest(self.root, self._manifest_path, index)
+            error = write_manifest(self._manifest_path, index)
             if error is not None:
                 logger.warning("%s: could not write the manifest: %s", self.name, error)
                 with self._lock:

@@ -9,12 +9,10 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from pathlib import Path
 
 from vlmcache.store.chunkfile import (
-    MANIFEST_FORMAT, _entry_from_json, _Entry, _open_read, _tmp_path, _unlink_quiet,
-    _write_file,
+    MANIFEST_FORMAT, _entry_from_json, _Entry, _open_read, write_private_file,
 )
 
 logger = logging.getLogger(__name__)
@@ -42,16 +40,13 @@ def load_last_used(path: Path, store: str) -> dict[str, float]:
     return out
 
 
-def write_manifest(root: Path, path: Path, index: dict[str, _Entry]) -> OSError | None:
+def write_manifest(path: Path, index: dict[str, _Entry]) -> OSError | None:
     """Atomically replace the manifest with ``index``; the error on I/O faults, else ``None``."""
     entries = {k: {"bytes": e.nbytes, "sha256": e.sha256, "last_used": e.last_used}
                for k, e in index.items()}
     data = json.dumps({"format": MANIFEST_FORMAT, "entries": entries}, separators=(",", ":"))
-    tmp = _tmp_path(root, "manifest")
     try:
-        _write_file(tmp, data.encode())
-        os.replace(tmp, path)
+        write_private_file(path, data.encode(), stem="manifest")
     except OSError as exc:
-        _unlink_quiet(tmp)
         return exc
     return None

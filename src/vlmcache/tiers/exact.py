@@ -1,8 +1,8 @@
 """Exact tier (L0.5): normalized prompt text + image content hashes -> the canonical prompt.
 
-A request whose prompt differs from a cached one only in case, spacing or Unicode form is
-rewritten to the cached prompt's exact text, so everything below (vLLM's prefix cache, the
-persistent KV store) hits exactly. Records also name the KV chunks the prompt was stored under.
+A request whose prompt differs from a cached one only in spacing, Unicode form or the case of
+its first word is rewritten to the cached prompt's exact text, so everything below (vLLM's
+prefix cache, the persistent KV store) hits exactly. Records also name the KV chunks the prompt was stored under.
 
 Persistence is an append-only JSON-lines log beside the store, compacted when it grows to
 twice the live entries: a crash loses at most a torn last line, which loading skips.
@@ -23,11 +23,14 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Sequence
 
-from vlmcache.store.chunkfile import _tmp_path, _unlink_quiet, _write_file, make_private_dir
+from vlmcache.store.chunkfile import make_private_dir, write_private_file
 
 logger = logging.getLogger(__name__)
 
 _SPACE_RE = re.compile(r"\s+")
+#: Part of every key: records written under an older, looser normalization (version 1
+#: folded case after ':' and '?', merging ": Turkey?" with ": turkey?") are never hit again.
+NORMALIZATION_VERSION = 2
 
 
 @dataclass(frozen=True)
@@ -46,19 +49,36 @@ class ExactRecord:
 # single quote opens a quotation only at a word boundary (not the one in "what's").
 _VERBATIM_RE = re.compile(r"```.*?```|`[^`]*`|\"[^\"]*\"|\u201c[^\u201d]*\u201d"
                           r"|\u2018[^\u2019]*\u2019|(?<![\w'])'[^'\n]*'(?![\w'])", re.DOTALL)
-# A sentence-initial word in plain sentence case ("What", not "WHAT", "iPhone" or "Ab3X").
-_SENTENCE_START_RE = re.compile(r"(^|[.!?:\n]\s*)([A-Z])(?=[a-z]*\b)(?![a-z]*[A-Z0-9_])")
+# The first word of the prompt or of a line: where a user's question starts (after a chat
+# template's "USER: <image>\n", or serving.openai_req.encode_transcript's message and part
+# markers, each ending a line). Nothing after ':', '?' or '.' on a line is folded: a capital
+# there may be a name (": Turkey?").
+_LINE_START_RE = re.compile(r"(^|\n)(\s*)([A-Z][a-z]*)(?!\w)")
+# First words folded there: question words, auxiliaries, articles, prepositions and common
+# instructions, none of which is also a name, a nationality or a label (so not "May", "Will",
+# "Turkey", "Polish", "A"); a word in any other case ("WHAT", "iPhone") is never folded.
+_FOLDABLE = frozenset("""
+    an the this that these those there here it its what which who whom whose where when
+    why how is are was were am be been do does did can could should would shall must has
+    have had in on at of for from to with by if please describe count list name give tell
+    answer identify explain find show read look select choose write compare first hello hi
+    hey thanks thank summarize translate classify provide create make check determine
+    consider suppose imagine using based given according and but or so then now ok okay yes
+""".split())
 
 
 def normalize_prompt(text: str) -> str:
-    """Fold only what cannot change meaning: spacing and plain sentence case.
+    """Fold only what cannot change meaning: spacing and the case of a first word.
 
     Unicode is put in canonical form (NFC: the same characters, encoded alike); NFKC is
     not applied because it merges characters that differ in meaning (``x²``/``x2``,
     ``H₂O``/``H2O``, ``½``, ``①``, ``℃``). Outside quotations and code, whitespace runs
-    collapse to one space and a sentence's first word loses its capital when it is
-    written in sentence case (``What`` -> ``what``); no other case is folded (``US`` vs
-    ``us``, ``aB3x`` vs ``Ab3X``, ``Straße`` vs ``strasse`` stay apart). Quoted and code
+    collapse to one space, and the first word of the prompt or of a line (where a question
+    starts after a chat template's ``USER: <image>\\n``, or a chat message or part) loses its
+    capital when it is a common function word in sentence case (``What`` -> ``what``, see
+    ``_FOLDABLE``). No other case is folded: nothing after ``:``, ``?`` or ``.`` on a line
+    (``: Turkey?``/``: turkey?``), no name even at a line start (``Polish``/``polish``),
+    not ``US`` vs ``us``, ``aB3x`` vs ``Ab3X``, ``Straße`` vs ``strasse``. Quoted and code
     spans are kept verbatim.
     """
     text = unicodedata.normalize("NFC", text).strip()
@@ -72,9 +92,12 @@ def normalize_prompt(text: str) -> str:
 
 
 def _fold_plain(segment: str, at_start: bool) -> str:
-    """Collapse spacing, lower-case sentence-initial sentence-case words (not in quotes)."""
-    folded = _SENTENCE_START_RE.sub(lambda m: m.group(1) + m.group(2).lower(),
-                                    segment if at_start else "\0" + segment)
+    """Collapse spacing; lower-case a foldable first word of the text or of a line."""
+    def fold(m: re.Match[str]) -> str:
+        word = m.group(3)
+        return m.group(1) + m.group(2) + (word.lower() if word.lower() in _FOLDABLE else word)
+
+    folded = _LINE_START_RE.sub(fold, segment if at_start else "\0" + segment)
     folded = folded if at_start else folded[1:]
     return _SPACE_RE.sub(" ", folded)
 
@@ -98,8 +121,9 @@ class ExactTextTier:
         self._load()
 
     def key(self, prompt: str, image_hashes: Sequence[str], tenant: str | None) -> str:
-        payload = json.dumps([self.namespace_digest, tenant, normalize_prompt(prompt),
-                              list(image_hashes)], separators=(",", ":"))
+        payload = json.dumps([self.namespace_digest, NORMALIZATION_VERSION, tenant,
+                              normalize_prompt(prompt), list(image_hashes)],
+                             separators=(",", ":"))
         return hashlib.sha256(payload.encode()).hexdigest()
 
     def lookup(self, prompt: str, image_hashes: Sequence[str],
@@ -140,15 +164,9 @@ class ExactTextTier:
                            self.path, exc)
 
     def _compact(self) -> None:
-        tmp = _tmp_path(self.path.parent, "exact")  # O_EXCL|O_NOFOLLOW, 0600: see _write_file
         data = "".join(json.dumps(asdict(rec), separators=(",", ":")) + "\n"
                        for rec in self._entries.values())
-        try:
-            _write_file(tmp, data.encode())
-            os.replace(tmp, self.path)
-        except OSError:
-            _unlink_quiet(tmp)
-            raise
+        write_private_file(self.path, data.encode(), stem="exact")  # O_EXCL|O_NOFOLLOW, 0600
         self._log_lines = len(self._entries)
 
     def _load(self) -> None:

@@ -29,9 +29,12 @@ def vllm_logging_config(level: str = "INFO") -> dict[str, object]:
 
 
 def write_logging_config(path: Path, level: str = "INFO") -> Path:
-    """Write :func:`vllm_logging_config` as JSON to ``path`` (for VLLM_LOGGING_CONFIG_PATH)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(vllm_logging_config(level), indent=1))
+    """Write :func:`vllm_logging_config` as JSON to ``path`` (for VLLM_LOGGING_CONFIG_PATH),
+    a private file that never follows a symlink planted in the (shared) run directory."""
+    from vlmcache.store.chunkfile import write_private_file
+
+    write_private_file(path, json.dumps(vllm_logging_config(level), indent=1).encode(),
+                       stem="logging", sync=False)
     return path
 
 
