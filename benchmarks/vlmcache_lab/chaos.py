@@ -172,21 +172,25 @@ async def _drain(progress: Progress, items: list[tuple[int, LoadRequest]], worke
 # -- the faults ------------------------------------------------------------------------
 
 
-def _pids_with(fragment: str) -> list[int]:
+def _pids_with(fragment: str, holding: Path) -> list[int]:
+    """Processes whose command line has ``fragment`` and that hold a file under ``holding``
+    open (this server's, not another's on the same machine)."""
     pids = []
     for proc in Path("/proc").iterdir():
-        if proc.name.isdigit():
-            try:
-                cmd = (proc / "cmdline").read_bytes().replace(b"\0", b" ")
-            except OSError:
-                continue
-            if fragment.encode() in cmd:
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmd = (proc / "cmdline").read_bytes().replace(b"\0", b" ")
+            if fragment.encode() in cmd and any(
+                    os.readlink(fd).startswith(str(holding)) for fd in (proc / "fd").iterdir()):
                 pids.append(int(proc.name))
+        except OSError:
+            continue
     return pids
 
 
 def kill_kv_io(progress: Progress) -> str:
-    pids = _pids_with("vlmcache.vllm.io_worker")
+    pids = _pids_with("vlmcache.vllm.io_worker", progress.chaos.store.resolve())
     for pid in pids:
         os.kill(pid, signal.SIGKILL)
     return f"SIGKILL to the KV I/O process(es) {pids}"

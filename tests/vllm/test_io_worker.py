@@ -235,10 +235,11 @@ class _HeldStore:
 
 def test_staged_rows_never_exceed_the_memory_budget(tmp_path):
     """Issue 33 item 4: staging was bounded by ``disk_write_queue`` alone (1 GiB by
-    default): 78 MiB were staged under an 8 MiB ``memory_budget``. Two rows of budget here:
-    a job of eight rows cannot finish while the disk holds its writes."""
+    default): 78 MiB were staged under an 8 MiB ``memory_budget``. A queue above the budget
+    is now a ConfigError, and the default queue follows the budget: two rows of budget
+    here, so a job of eight rows cannot finish while the disk holds its writes."""
     config = VlmCacheConfig(store_path=str(tmp_path / "store"), kv_io_threads=2,
-                            memory_budget=2 * ROW, disk_write_queue=1 << 30)
+                            memory_budget=2 * ROW)
     region = Region(tmp_path / "region")
     store = _HeldStore(open_persistent_kv_store(config))
     finished = threading.Event()
