@@ -172,28 +172,34 @@ async def _drain(progress: Progress, items: list[tuple[int, LoadRequest]], worke
 # -- the faults ------------------------------------------------------------------------
 
 
-def _pids_with(fragment: str, holding: Path) -> list[int]:
-    """Processes whose command line has ``fragment`` and that hold a file under ``holding``
-    open (this server's, not another's on the same machine)."""
+def _pids_with(fragment: str, holding: Sequence[str]) -> list[int]:
+    """Processes whose command line has ``fragment`` and that have a path starting with one
+    of ``holding`` open or mapped (this server's, not another's on the same machine)."""
     pids = []
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit():
             continue
         try:
-            cmd = (proc / "cmdline").read_bytes().replace(b"\0", b" ")
-            if fragment.encode() in cmd and any(
-                    os.readlink(fd).startswith(str(holding)) for fd in (proc / "fd").iterdir()):
-                pids.append(int(proc.name))
+            if fragment.encode() not in (proc / "cmdline").read_bytes().replace(b"\0", b" "):
+                continue
+            opened = [os.readlink(fd) for fd in (proc / "fd").iterdir()]
+            opened.append((proc / "maps").read_text(errors="replace"))
         except OSError:
             continue
+        if any(h in text for h in holding for text in opened):
+            pids.append(int(proc.name))
     return pids
 
 
 def kill_kv_io(progress: Progress) -> str:
-    pids = _pids_with("vlmcache.vllm.io_worker", progress.chaos.store.resolve())
+    chaos = progress.chaos
+    assert chaos.server is not None
+    regions = re.findall(r"Created mmap file (/dev/shm/vllm_offload_[\w-]+\.mmap)",
+                         chaos.server.log())
+    pids = _pids_with("vlmcache.vllm.io_worker", [str(chaos.store.resolve()), *regions])
     for pid in pids:
         os.kill(pid, signal.SIGKILL)
-    return f"SIGKILL to the KV I/O process(es) {pids}"
+    return f"SIGKILL to the KV I/O process(es) {pids} (found by this server's store/region)"
 
 
 def _damage_chunks(root: Path) -> str:
