@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -147,3 +149,33 @@ def test_run_phase_is_open_loop_and_reads_ttft_tier_and_tokens() -> None:
     assert all(r["status"] == 200 and r["tier"] == "image" and r["tokens"] == 3 for r in rows)
     assert all(200 <= r["ttft_ms"] <= r["e2e_ms"] < 1500 for r in rows)
     assert wall < 1.5  # closed loop one at a time would take >= 2 s
+
+
+def test_front_capacity_bodies_reach_the_tier_they_measure() -> None:
+    from vlmcache_lab.front_capacity import tier_bodies
+
+    misses = tier_bodies("miss", "m", 0, 20, 100)
+    urls = [b["messages"][0]["content"][0]["image_url"]["url"] for b in misses]
+    assert len(set(urls)) == 20  # every miss a new image
+    for tier in ("exact", "image"):  # the response tier is skipped, else repeats hit it
+        assert all(b["vlmcache"] == {"response_cache": False}
+                   for b in tier_bodies(tier, "m", 0, 40, 0))
+    assert all("vlmcache" not in b and not b["stream"]
+               for b in tier_bodies("response", "m", 0, 40, 0))
+
+
+def test_merge_keeps_each_shapes_trace_and_the_notes(tmp_path: Path) -> None:
+    import json
+
+    from vlmcache_lab.serve_gpu import merge
+
+    files = []
+    for shape, n in (("a", 10), ("b", 20)):
+        doc = {"command": f"run {shape}", "device": "gpu", "trace": {"seed": 0,
+               "composition": {"requests": n}}, "shapes": {shape: {"rates": []}}}
+        files.append(tmp_path / f"{shape}.json")
+        files[-1].write_text(json.dumps(doc))
+    out = merge([str(f) for f in files], ["--merge", "x", "--note", "n1"], ["n1"])
+    assert out["commands"] == ["run a", "run b"] and out["notes"] == ["n1"]
+    assert out["shapes"]["b"]["trace_composition"] == {"requests": 20}
+    assert "composition" not in out["trace"] and "n1" not in out["merged_by"]

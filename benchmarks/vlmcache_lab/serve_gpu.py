@@ -155,17 +155,23 @@ def parse_args(argv: Sequence[str] | None) -> Any:
     p.add_argument("--work", default="/tmp/serve-gpu-work")
     p.add_argument("--device", default=None, help="what to write as `device`")
     p.add_argument("--merge", nargs="+", default=None, help="per-shape files to join")
+    p.add_argument("--note", action="append", default=[],
+                   help="with --merge: a finding to keep beside the figures (repeatable)")
     p.add_argument("--out", default="serve-gpu.json")
     return p.parse_args(argv)
 
 
-def merge(files: Sequence[str], out: str, argv: Sequence[str]) -> dict[str, Any]:
+def merge(files: Sequence[str], argv: Sequence[str], notes: Sequence[str]) -> dict[str, Any]:
     """Per-shape result files -> one file with ``shapes``; common fields from the first."""
     docs = [json.loads(Path(f).read_text()) for f in files]
     merged = {k: v for k, v in docs[0].items() if k not in ("shapes", "command")}
     merged["commands"] = [d["command"] for d in docs]
-    merged["merged_by"] = "python benchmarks/serve_gpu.py " + " ".join(argv)
-    merged["shapes"] = {k: v for d in docs for k, v in d["shapes"].items()}
+    own = list(argv)[:list(argv).index("--note")] if "--note" in argv else list(argv)
+    merged["merged_by"] = "python benchmarks/serve_gpu.py " + " ".join(own) + " --note ... (notes)"
+    merged["shapes"] = {k: {**v, "trace_composition": d["trace"]["composition"]}
+                        for d in docs for k, v in d["shapes"].items()}
+    merged["trace"] = {k: v for k, v in docs[0]["trace"].items() if k != "composition"}
+    merged["notes"] = list(notes)
     return merged
 
 
@@ -175,7 +181,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(message)s")
     if args.merge:
-        result = merge(args.merge, args.out, argv)
+        result = merge(args.merge, argv, args.note)
     else:
         result = run_shape(args, argv)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

@@ -47,6 +47,8 @@ async def _send(client: Any, i: int, body: dict[str, Any], kind: str) -> dict[st
     except Exception as exc:  # counted as an error, never hidden
         row["status"], row["error"] = -1, repr(exc)[:200]
     row["e2e_ms"] = (time.perf_counter() - t0) * 1000
+    if row["status"] == 200 and row["ttft_ms"] is None:  # no visible text before the end
+        row["ttft_ms"] = row["e2e_ms"]
     return row
 
 
@@ -58,7 +60,9 @@ def _on_line(row: dict[str, Any], line: str, t0: float) -> None:
     except ValueError:
         return
     for choice in chunk.get("choices") or ():
-        if (choice.get("delta") or {}).get("content") and row["ttft_ms"] is None:
+        # the first token: text, or a finish; the role chunk (content "" or none) is not
+        if ((choice.get("delta") or {}).get("content") or choice.get("finish_reason")) \
+                and row["ttft_ms"] is None:
             row["ttft_ms"] = (time.perf_counter() - t0) * 1000
     if chunk.get("usage"):
         row["tokens"] = int(chunk["usage"].get("completion_tokens") or 0)

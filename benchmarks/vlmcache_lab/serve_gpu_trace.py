@@ -11,7 +11,8 @@ Kinds of request (``DEFAULT_MIX`` gives their shares; ``--mix`` changes them):
 - ``flood``: tenant B, a unique image each time (the flooding tenant).
 
 Known pairs and images are drawn zipf-like (older = more popular). Answers are short
-(8-32 tokens, ``ignore_eos`` so every request decodes exactly ``max_tokens``). Images are
+(8-32 tokens, ``ignore_eos`` so every request decodes exactly ``max_tokens``;
+``skip_special_tokens`` off so that dummy weights' random tokens stream as text). Images are
 synthetic scenes (gradient background, 2-5 shapes) rendered from the seed: nothing is
 downloaded. :func:`composition` counts what a trace really holds, exact repeats by
 signature (a paraphrase or JPEG drawn twice alike is an exact repeat too).
@@ -88,7 +89,8 @@ class TraceRequest:
         """The chat-completions body (streamed, deterministic, exactly ``max_tokens``)."""
         body: dict[str, Any] = {
             "model": model, "temperature": 0, "max_tokens": self.max_tokens,
-            "ignore_eos": True, "cache_salt": self.tenant, "stream": stream,
+            "ignore_eos": True, "skip_special_tokens": False, "cache_salt": self.tenant,
+            "stream": stream,
             "messages": [{"role": "user", "content": [
                 {"type": "image_url", "image_url": {"url": image_data_url(self.image, seed)}},
                 {"type": "text", "text": self.question}]}]}
