@@ -103,9 +103,12 @@ def test_verdict_reads_best_goodput_and_lowest_rate_miss_ttft() -> None:
 
 
 async def _fake_sse(scope, receive, send) -> None:  # type: ignore[no-untyped-def]
-    """An OpenAI-like streaming server: 0.2 s to the first token, 3 tokens, a report."""
+    """An OpenAI-like streaming server: 0.2 s to the first token, 3 tokens, a report.
+    Path /blank: the tokens' text is empty (dummy weights' special tokens), then a finish."""
     import asyncio
     import json
+
+    text = "" if scope["path"].startswith("/blank") else "x"
 
     while (await receive()).get("more_body"):
         pass
@@ -113,7 +116,8 @@ async def _fake_sse(scope, receive, send) -> None:  # type: ignore[no-untyped-de
         (b"content-type", b"text/event-stream"), (b"x-vlmcache-hit-tier", b"image")]})
     await asyncio.sleep(0.2)
     for chunk in ({"choices": [{"delta": {"role": "assistant"}}]},
-                  *({"choices": [{"delta": {"content": "x"}}]} for _ in range(3)),
+                  *({"choices": [{"delta": {"content": text}}]} for _ in range(3)),
+                  {"choices": [{"delta": {}, "finish_reason": "length"}]},
                   {"choices": [], "usage": {"completion_tokens": 3}},
                   {"choices": [], "vlmcache": {"hit_tier": "image"}}):
         data = b"data: " + json.dumps(chunk).encode() + b"\n\n"
@@ -142,6 +146,8 @@ def test_run_phase_is_open_loop_and_reads_ttft_tier_and_tokens() -> None:
         offsets = [0.05 * k for k in range(10)]
         rows, wall = asyncio.run(run_phase(f"http://127.0.0.1:{port}", [{}] * 10,
                                            ["new"] * 10, offsets, drain_s=10))
+        blank, _ = asyncio.run(run_phase(f"http://127.0.0.1:{port}/blank", [{}] * 3,
+                                         ["new"] * 3, [0.0, 0.01, 0.02], drain_s=10))
     finally:
         server.should_exit = True
         thread.join()
@@ -149,6 +155,9 @@ def test_run_phase_is_open_loop_and_reads_ttft_tier_and_tokens() -> None:
     assert all(r["status"] == 200 and r["tier"] == "image" and r["tokens"] == 3 for r in rows)
     assert all(200 <= r["ttft_ms"] <= r["e2e_ms"] < 1500 for r in rows)
     assert wall < 1.5  # closed loop one at a time would take >= 2 s
+    # no visible text (the GPU run's dummy Qwen2-VL): answered, TTFT at the finish chunk
+    assert all(r["status"] == 200 and 200 <= r["ttft_ms"] <= r["e2e_ms"] for r in blank)
+    assert summarize(blank, 1.0, Slo())["answered"] == 3
 
 
 def test_front_capacity_bodies_reach_the_tier_they_measure() -> None:
