@@ -1,0 +1,190 @@
+"""The GPU serving benchmark's pieces that need no server: trace, Poisson schedule, summary."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from vlmcache_lab.serve_gpu_load import Slo, miss_ids, summarize, verdict
+from vlmcache_lab.serve_gpu_trace import (DEFAULT_MIX, KINDS, ImageSpec, build_trace,
+                                          composition, image_data_url, parse_mix,
+                                          poisson_offsets)
+
+
+def test_trace_is_reproducible_from_its_seed() -> None:
+    a, b, c = build_trace(400, seed=7), build_trace(400, seed=7), build_trace(400, seed=8)
+    assert a == b
+    assert a != c
+    assert image_data_url(a[5].image, 7) == image_data_url(b[5].image, 7)
+
+
+def test_default_mix_has_every_kind_and_at_most_a_quarter_exact_repeats() -> None:
+    trace = build_trace(3000, seed=0)
+    comp = composition(trace)
+    assert set(comp["kinds"]) == set(KINDS)
+    assert comp["exact_repeat_share"] <= 0.25
+    assert comp["exact_repeats"] >= comp["kinds"]["repeat"]  # drawn repeats are all repeats
+    assert comp["tenants"]["tenant-b"] == comp["kinds"]["flood"]
+    assert all(8 <= r.max_tokens <= 32 for r in trace)
+    # the flooding tenant never sends an image twice
+    flood = [r.image.base for r in trace if r.kind == "flood"]
+    assert len(flood) == len(set(flood))
+
+
+def test_kinds_are_what_they_say() -> None:
+    trace = build_trace(1500, seed=3)
+    firsts = {(r.image.base, r.question): r for r in trace if r.kind in ("new", "followup")}
+    for r in trace:
+        if r.kind == "repeat":
+            assert (r.image.base, r.question) in firsts and r.image.variant == "png"
+        elif r.kind in ("jpeg", "frame"):
+            assert r.image.variant == r.kind and (r.image.base, r.question) in firsts
+        elif r.kind == "paraphrase":
+            assert r.image.variant == "png"
+            assert (r.image.base, r.question) not in firsts  # reworded
+    assert image_data_url(ImageSpec(1, "jpeg", 80), 0).startswith("data:image/jpeg")
+    assert image_data_url(ImageSpec(1, "frame", 2), 0) != image_data_url(ImageSpec(1), 0)
+
+
+def test_mix_flag_changes_the_composition_and_names_bad_keys() -> None:
+    heavy = composition(build_trace(2000, 0, parse_mix("repeat=0.6")))
+    assert heavy["exact_repeat_share"] > 0.4
+    assert parse_mix(None) == pytest.approx(DEFAULT_MIX)
+    with pytest.raises(ValueError, match="unknown kind 'repat'"):
+        parse_mix("repat=0.5")
+    with pytest.raises(ValueError, match="repeat must be >= 0"):
+        parse_mix("repeat=-1")
+
+
+def test_poisson_schedule_rate_and_spacing() -> None:
+    offs = poisson_offsets(50.0, 200.0, np.random.default_rng(1))
+    assert offs == sorted(offs) and offs[-1] < 200.0
+    assert len(offs) / 200.0 == pytest.approx(50.0, rel=0.05)
+    gaps = np.diff(offs)
+    assert np.mean(gaps) == pytest.approx(0.02, rel=0.05)
+    assert np.std(gaps) / np.mean(gaps) == pytest.approx(1.0, abs=0.08)  # exponential: cv 1
+    with pytest.raises(ValueError):
+        poisson_offsets(0, 10, np.random.default_rng(0))
+
+
+def _row(i: int, ttft: float | None, e2e: float, tier: str | None = "miss",
+         status: int = 200) -> dict[str, object]:
+    return {"i": i, "kind": "new", "status": status, "ttft_ms": ttft, "e2e_ms": e2e,
+            "tier": tier, "tokens": 10}
+
+
+def test_summary_goodput_counts_only_requests_within_both_slos() -> None:
+    rows = [_row(0, 100, 500), _row(1, 900, 1200, "response"),  # both met
+            _row(2, 1500, 1600),          # TTFT over
+            _row(3, 200, 3500),           # e2e over
+            _row(4, None, 50, status=500)]  # error
+    s = summarize(rows, wall_s=2.0, slo=Slo(ttft_ms=1000, e2e_ms=3000))
+    assert s["answered"] == 4 and s["errors"] == 1
+    assert s["throughput_rps"] == 2.0 and s["goodput_rps"] == 1.0
+    assert s["hits_by_tier"] == {"miss": 3, "response": 1}
+    assert s["ttft_miss_p50_ms"] == 200.0  # rows 0, 2, 3
+    plain = summarize([_row(0, 110, 600, None), _row(1, 300, 900, None)], 1.0, Slo(),
+                      miss_ids=miss_ids(rows))
+    assert plain["ttft_miss_p50_ms"] == 110.0  # only request 0: the cache's misses answered
+    assert plain["hits_by_tier"] == {"engine": 2}
+
+
+def test_verdict_reads_best_goodput_and_lowest_rate_miss_ttft() -> None:
+    def side(good: float, miss: float) -> dict[str, float]:
+        return {"goodput_rps": good, "ttft_miss_p50_ms": miss}
+
+    rates = [{"rate": 4, "ours": side(4, 52), "plain": side(4, 50)},
+             {"rate": 40, "ours": side(30, 80), "plain": side(12, 400)}]
+    v = verdict(rates)
+    assert v["best_goodput_ratio"] == 2.5 and v["goodput_2x_met"]
+    assert v["lowest_rate_ttft_miss_ratio"] == 1.04 and v["ttft_miss_1_05x_met"]
+
+
+async def _fake_sse(scope, receive, send) -> None:  # type: ignore[no-untyped-def]
+    """An OpenAI-like streaming server: 0.2 s to the first token, 3 tokens, a report.
+    Path /blank: the tokens' text is empty (dummy weights' special tokens), then a finish."""
+    import asyncio
+    import json
+
+    text = "" if scope["path"].startswith("/blank") else "x"
+
+    while (await receive()).get("more_body"):
+        pass
+    await send({"type": "http.response.start", "status": 200, "headers": [
+        (b"content-type", b"text/event-stream"), (b"x-vlmcache-hit-tier", b"image")]})
+    await asyncio.sleep(0.2)
+    for chunk in ({"choices": [{"delta": {"role": "assistant"}}]},
+                  *({"choices": [{"delta": {"content": text}}]} for _ in range(3)),
+                  {"choices": [{"delta": {}, "finish_reason": "length"}]},
+                  {"choices": [], "usage": {"completion_tokens": 3}},
+                  {"choices": [], "vlmcache": {"hit_tier": "image"}}):
+        data = b"data: " + json.dumps(chunk).encode() + b"\n\n"
+        await send({"type": "http.response.body", "body": data, "more_body": True})
+    await send({"type": "http.response.body", "body": b"data: [DONE]\n\n"})
+
+
+def test_run_phase_is_open_loop_and_reads_ttft_tier_and_tokens() -> None:
+    import asyncio
+    import threading
+    import time
+
+    import uvicorn
+
+    from vlmcache.testing.server import free_port
+    from vlmcache_lab.serve_gpu_load import run_phase
+
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(_fake_sse, host="127.0.0.1", port=port,
+                                           log_level="error"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    while not server.started:
+        time.sleep(0.05)
+    try:
+        offsets = [0.05 * k for k in range(10)]
+        rows, wall = asyncio.run(run_phase(f"http://127.0.0.1:{port}", [{}] * 10,
+                                           ["new"] * 10, offsets, drain_s=10))
+        blank, _ = asyncio.run(run_phase(f"http://127.0.0.1:{port}/blank", [{}] * 3,
+                                         ["new"] * 3, [0.0, 0.01, 0.02], drain_s=10))
+    finally:
+        server.should_exit = True
+        thread.join()
+    assert [r["i"] for r in rows] == list(range(10))
+    assert all(r["status"] == 200 and r["tier"] == "image" and r["tokens"] == 3 for r in rows)
+    assert all(200 <= r["ttft_ms"] <= r["e2e_ms"] < 1500 for r in rows)
+    assert wall < 1.5  # closed loop one at a time would take >= 2 s
+    # no visible text (the GPU run's dummy Qwen2-VL): answered, TTFT at the finish chunk
+    assert all(r["status"] == 200 and 200 <= r["ttft_ms"] <= r["e2e_ms"] for r in blank)
+    assert summarize(blank, 1.0, Slo())["answered"] == 3
+
+
+def test_front_capacity_bodies_reach_the_tier_they_measure() -> None:
+    from vlmcache_lab.front_capacity import tier_bodies
+
+    misses = tier_bodies("miss", "m", 0, 20, 100)
+    urls = [b["messages"][0]["content"][0]["image_url"]["url"] for b in misses]
+    assert len(set(urls)) == 20  # every miss a new image
+    for tier in ("exact", "image"):  # the response tier is skipped, else repeats hit it
+        assert all(b["vlmcache"] == {"response_cache": False}
+                   for b in tier_bodies(tier, "m", 0, 40, 0))
+    assert all("vlmcache" not in b and not b["stream"]
+               for b in tier_bodies("response", "m", 0, 40, 0))
+
+
+def test_merge_keeps_each_shapes_trace_and_the_notes(tmp_path: Path) -> None:
+    import json
+
+    from vlmcache_lab.serve_gpu import merge
+
+    files = []
+    for shape, n in (("a", 10), ("b", 20)):
+        doc = {"command": f"run {shape}", "device": "gpu", "trace": {"seed": 0,
+               "composition": {"requests": n}}, "shapes": {shape: {"rates": []}}}
+        files.append(tmp_path / f"{shape}.json")
+        files[-1].write_text(json.dumps(doc))
+    out = merge([str(f) for f in files], ["--merge", "x", "--note", "n1"], ["n1"])
+    assert out["commands"] == ["run a", "run b"] and out["notes"] == ["n1"]
+    assert out["shapes"]["b"]["trace_composition"] == {"requests": 20}
+    assert "composition" not in out["trace"] and "n1" not in out["merged_by"]

@@ -1,0 +1,228 @@
+"""GPU serving load benchmark: ``vlmcache serve`` vs plain vLLM's OpenAI server, open loop.
+
+Both servers run at once on one GPU (same vLLM flags: prefix caching on, the same GPU
+memory share, dummy weights of a 7B geometry from ``benchmarks/geometries/``) and take
+turns: for each arrival rate, the next slice of one seeded trace (``serve_gpu_trace``) is
+sent to one server, then the same slice to the other (plain first at the first and last
+rate: the baseline runs first and last). Per rate and server: throughput, goodput under
+the SLO, TTFT / e2e percentiles, TTFT on the requests the cache missed, hits per tier.
+
+    python benchmarks/serve_gpu.py --geometry benchmarks/geometries/qwen2vl7b \\
+        --rates 4,12,24,48 --phase-s 20 --out serve-gpu-qwen2vl7b.json
+    python benchmarks/serve_gpu.py --merge A.json B.json --out benchmarks/results/serve-gpu.json
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from vlmcache.testing.server import ServerProcess
+from vlmcache_lab.serve_gpu_load import Slo, miss_ids, run_phase, summarize, verdict
+from vlmcache_lab.serve_gpu_trace import (build_trace, composition, parse_mix,
+                                          poisson_offsets)
+
+log = logging.getLogger(__name__)
+
+OURS_CONFIG: dict[str, object] = {"model_revision": "dummy-weights", "log_requests": False,
+                                  "enable_image_embedding": True,
+                                  "disk_budget": "16GiB"}
+
+
+def vllm_flags(args: Any) -> list[str]:
+    """The vLLM flags both servers get (ServerProcess adds --enforce-eager)."""
+    return ["--load-format", "dummy", "--enable-prefix-caching",
+            "--gpu-memory-utilization", str(args.gpu_memory_utilization),
+            "--max-model-len", str(args.max_model_len), "--max-num-seqs", str(args.max_num_seqs)]
+
+
+def start_servers(args: Any, work: Path) -> dict[str, ServerProcess]:
+    """Both servers, started at once (each start is 100-190 s eager)."""
+    config = {**OURS_CONFIG, **json.loads(args.ours_config),
+              "store_path": str(work / "store")}
+    ours = ServerProcess(Path(args.geometry), config, work / "ours.log", vllm_flags(args))
+    plain = ServerProcess(Path(args.geometry), {}, work / "plain.log", vllm_flags(args))
+    plain.argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server",
+                  "--model", args.geometry, "--host", "127.0.0.1", "--port", str(plain.port),
+                  "--enforce-eager", *vllm_flags(args)]
+    servers = {"ours": ours, "plain": plain}
+    errors: list[BaseException] = []
+
+    def start(server: ServerProcess) -> None:
+        try:
+            server.start()
+        except BaseException as exc:  # reported after both tried
+            errors.append(exc)
+
+    threads = [threading.Thread(target=start, args=(s,)) for s in servers.values()]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        for s in servers.values():
+            s.stop()
+        raise errors[0]
+    return servers
+
+
+def warm_up(servers: dict[str, ServerProcess], model: str, seed: int) -> None:
+    """A few unrelated requests each (first-request costs out of the measured phases)."""
+    from vlmcache_lab.serve_gpu_trace import ImageSpec, TraceRequest
+
+    reqs = [TraceRequest("warm", "tenant-warm", ImageSpec(10_000_000 + k), "warm up?", 8)
+            for k in range(4)]
+    for server in servers.values():
+        bodies = [r.body(model, seed) for r in reqs]
+        asyncio.run(run_phase(server.url, bodies, ["warm"] * 4, [0.0, 0.1, 0.2, 0.3], 120))
+
+
+def run_rates(args: Any, servers: dict[str, ServerProcess]) -> tuple[list[dict[str, Any]], Any]:
+    """Every rate against both servers, taking turns; returns the rates list and trace."""
+    rng = np.random.default_rng(args.seed)
+    rates = [float(r) for r in args.rates.split(",")]
+    schedules = [poisson_offsets(rate, args.phase_s, rng) for rate in rates]
+    trace = build_trace(sum(len(s) for s in schedules), args.seed, parse_mix(args.mix),
+                        args.zipf)
+    out, start = [], 0
+    for k, (rate, offsets) in enumerate(zip(rates, schedules)):
+        part = trace[start:start + len(offsets)]
+        start += len(offsets)
+        bodies = [r.body(args.geometry, args.seed) for r in part]
+        kinds = [r.kind for r in part]
+        order = ("plain", "ours") if k % 2 == 0 or k == len(rates) - 1 else ("ours", "plain")
+        rows: dict[str, Any] = {}
+        for side in order:
+            rows[side] = asyncio.run(run_phase(servers[side].url, bodies, kinds, offsets,
+                                               args.drain_s))
+            time.sleep(args.pause_s)  # let the engine finish cancelled work
+        out.append(_rate_entry(rate, rows, order, composition(part), args))
+        log.warning("rate %s: %s", rate, json.dumps(
+            {s: {k: out[-1][s][k] for k in ("throughput_rps", "goodput_rps", "ttft_p50_ms",
+                                               "e2e_p99_ms")} for s in ("ours", "plain")}))
+    return out, trace
+
+
+def _rate_entry(rate: float, rows: dict[str, Any], order: Sequence[str],
+                comp: dict[str, Any], args: Any) -> dict[str, Any]:
+    slo = Slo(args.slo_ttft_ms, args.slo_e2e_ms)
+    ours_rows, ours_wall = rows["ours"]
+    plain_rows, plain_wall = rows["plain"]
+    ours = summarize(ours_rows, ours_wall, slo)
+    plain = summarize(plain_rows, plain_wall, slo, miss_ids=miss_ids(ours_rows))
+    ours["hits_by_kind"] = _hits_by_kind(ours_rows)
+    return {"rate": rate, "order": list(order), "requests": comp["requests"],
+            "slice_composition": comp, "ours": ours, "plain": plain}
+
+
+def _hits_by_kind(rows: Sequence[dict[str, Any]]) -> dict[str, dict[str, int]]:
+    out: dict[str, dict[str, int]] = {}
+    for r in rows:
+        if r["status"] == 200:
+            tiers = out.setdefault(r["kind"], {})
+            tiers[r["tier"] or "?"] = tiers.get(r["tier"] or "?", 0) + 1
+    return out
+
+
+def parse_args(argv: Sequence[str] | None) -> Any:
+    import argparse
+
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--geometry", help="model folder (config + tokenizer; dummy weights)")
+    p.add_argument("--rates", default="4,12,24,48", help="arrival rates, requests/s")
+    p.add_argument("--phase-s", type=float, default=20.0, help="arrival window per rate")
+    p.add_argument("--drain-s", type=float, default=45.0,
+                   help="wait after the last arrival; unfinished requests count as failed")
+    p.add_argument("--pause-s", type=float, default=3.0)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--mix", default=None, help="kind=share,... over the default mix "
+                   "(kinds: repeat, jpeg, frame, paraphrase, followup, new, flood)")
+    p.add_argument("--zipf", type=float, default=1.1)
+    p.add_argument("--slo-ttft-ms", type=float, default=1000.0)
+    p.add_argument("--slo-e2e-ms", type=float, default=3000.0)
+    p.add_argument("--gpu-memory-utilization", type=float, default=0.4)
+    p.add_argument("--max-model-len", type=int, default=4096)
+    p.add_argument("--max-num-seqs", type=int, default=256)
+    p.add_argument("--ours-config", default="{}", help="JSON merged into the vlmcache config")
+    p.add_argument("--work", default="/tmp/serve-gpu-work")
+    p.add_argument("--device", default=None, help="what to write as `device`")
+    p.add_argument("--merge", nargs="+", default=None, help="per-shape files to join")
+    p.add_argument("--note", action="append", default=[],
+                   help="with --merge: a finding to keep beside the figures (repeatable)")
+    p.add_argument("--out", default="serve-gpu.json")
+    return p.parse_args(argv)
+
+
+def merge(files: Sequence[str], argv: Sequence[str], notes: Sequence[str]) -> dict[str, Any]:
+    """Per-shape result files -> one file with ``shapes``; common fields from the first."""
+    docs = [json.loads(Path(f).read_text()) for f in files]
+    merged = {k: v for k, v in docs[0].items() if k not in ("shapes", "command")}
+    merged["commands"] = [d["command"] for d in docs]
+    own = list(argv)[:list(argv).index("--note")] if "--note" in argv else list(argv)
+    merged["merged_by"] = "python benchmarks/serve_gpu.py " + " ".join(own) + " --note ... (notes)"
+    merged["shapes"] = {k: {**v, "trace_composition": d["trace"]["composition"]}
+                        for d in docs for k, v in d["shapes"].items()}
+    merged["trace"] = {k: v for k, v in docs[0]["trace"].items() if k != "composition"}
+    merged["notes"] = list(notes)
+    return merged
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run one shape (or ``--merge``) and write the JSON."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(message)s")
+    if args.merge:
+        result = merge(args.merge, argv, args.note)
+    else:
+        result = run_shape(args, argv)
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    return 0
+
+
+def run_shape(args: Any, argv: Sequence[str]) -> dict[str, Any]:
+    import vllm
+
+    work = Path(args.work)
+    work.mkdir(parents=True, exist_ok=True)
+    servers = start_servers(args, work)
+    try:
+        warm_up(servers, args.geometry, args.seed)
+        rates, trace = run_rates(args, servers)
+    finally:
+        for s in servers.values():
+            s.stop()
+    shape = Path(args.geometry).name
+    return {"command": "python benchmarks/serve_gpu.py " + " ".join(argv),
+            "device": args.device or _device(), "vllm_version": vllm.__version__,
+            "vllm_flags": ["--enforce-eager", *vllm_flags(args)],
+            "ours_config": {**OURS_CONFIG, **json.loads(args.ours_config)},
+            "trace": {"seed": args.seed, "zipf_s": args.zipf, "mix": parse_mix(args.mix),
+                      "composition": composition(trace), "generator":
+                      "benchmarks/vlmcache_lab/serve_gpu_trace.py build_trace(n, seed, mix)"},
+            "slo": Slo(args.slo_ttft_ms, args.slo_e2e_ms).as_dict(),
+            "phase_s": args.phase_s, "drain_s": args.drain_s,
+            "shapes": {shape: {"rates": rates, "verdict": verdict(rates)}}}
+
+
+def _device() -> str:
+    import subprocess
+
+    try:
+        gpu = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total",
+                              "--format=csv,noheader"], capture_output=True, text=True,
+                             timeout=20).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        gpu = "no GPU"
+    import os
+
+    return f"{gpu}; {os.cpu_count()} CPU cores; both servers on one GPU, loopback HTTP"

@@ -1,0 +1,152 @@
+"""Open-loop load on an OpenAI server and its summary (``serve_gpu``'s measuring half).
+
+:func:`run_phase` sends each request at its Poisson arrival time whether or not earlier
+ones have finished (open loop: a slow server builds a queue, as with real users), streams
+the answer and records TTFT (first content token), end-to-end time and the deciding
+vlmcache tier (``x-vlmcache-hit-tier`` header; plain vLLM has none). :func:`summarize`
+turns one phase's rows into throughput, goodput under a stated SLO and percentiles.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from dataclasses import asdict, dataclass
+from typing import Any, Sequence
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Slo:
+    """A request meets the SLO when its TTFT and its end-to-end time are both within."""
+
+    ttft_ms: float = 1000.0
+    e2e_ms: float = 3000.0
+
+    def met(self, row: dict[str, Any]) -> bool:
+        return (row.get("status") == 200 and row.get("ttft_ms") is not None
+                and row["ttft_ms"] <= self.ttft_ms and row["e2e_ms"] <= self.e2e_ms)
+
+    def as_dict(self) -> dict[str, float]:
+        return asdict(self)
+
+
+async def _send(client: Any, i: int, body: dict[str, Any], kind: str) -> dict[str, Any]:
+    """One streamed request: status, TTFT, e2e, tier, output tokens."""
+    row: dict[str, Any] = {"i": i, "kind": kind, "status": -1, "ttft_ms": None,
+                           "e2e_ms": None, "tier": None, "tokens": 0}
+    t0 = time.perf_counter()
+    try:
+        async with client.stream("POST", "/v1/chat/completions", json=body) as resp:
+            row["status"] = resp.status_code
+            row["tier"] = resp.headers.get("x-vlmcache-hit-tier")
+            async for line in resp.aiter_lines():
+                _on_line(row, line, t0)
+    except Exception as exc:  # counted as an error, never hidden
+        row["status"], row["error"] = -1, repr(exc)[:200]
+    row["e2e_ms"] = (time.perf_counter() - t0) * 1000
+    if row["status"] == 200 and row["ttft_ms"] is None:  # no visible text before the end
+        row["ttft_ms"] = row["e2e_ms"]
+    return row
+
+
+def _on_line(row: dict[str, Any], line: str, t0: float) -> None:
+    if not line.startswith("data:") or line.strip() == "data: [DONE]":
+        return
+    try:
+        chunk = json.loads(line[5:])
+    except ValueError:
+        return
+    for choice in chunk.get("choices") or ():
+        # the first token: text, or a finish; the role chunk (content "" or none) is not
+        if ((choice.get("delta") or {}).get("content") or choice.get("finish_reason")) \
+                and row["ttft_ms"] is None:
+            row["ttft_ms"] = (time.perf_counter() - t0) * 1000
+    if chunk.get("usage"):
+        row["tokens"] = int(chunk["usage"].get("completion_tokens") or 0)
+    if isinstance(chunk.get("vlmcache"), dict):
+        row["tier"] = chunk["vlmcache"].get("hit_tier") or "miss"
+
+
+async def run_phase(url: str, bodies: Sequence[dict[str, Any]], kinds: Sequence[str],
+                    offsets: Sequence[float], drain_s: float) -> tuple[list[dict[str, Any]], float]:
+    """Send ``bodies[i]`` at ``offsets[i]`` s; wait at most ``drain_s`` after the last
+    arrival; requests still running then are cancelled (status -1). Returns the rows and
+    the phase's wall time (first arrival to last completion)."""
+    import httpx
+
+    limits = httpx.Limits(max_connections=4096, max_keepalive_connections=512)
+    async with httpx.AsyncClient(base_url=url, timeout=drain_s + offsets[-1] + 60,
+                                 limits=limits) as client:
+        start = time.perf_counter()
+        tasks = []
+        for i, (body, kind, at) in enumerate(zip(bodies, kinds, offsets)):
+            delay = start + at - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            tasks.append(asyncio.create_task(_send(client, i, body, kind)))
+        done, pending = await asyncio.wait(tasks, timeout=drain_s)
+        for task in pending:
+            task.cancel()
+        wall = time.perf_counter() - start
+    rows = [t.result() for t in done]
+    rows += [{"i": -1, "kind": "?", "status": -1, "ttft_ms": None, "e2e_ms": None,
+              "tier": None, "tokens": 0, "error": "not finished within drain_s"}
+             for _ in pending]
+    return sorted(rows, key=lambda r: r["i"]), wall
+
+
+def _pct(values: Sequence[float], q: float) -> float | None:
+    return round(float(np.percentile(values, q)), 2) if len(values) else None
+
+
+def summarize(rows: Sequence[dict[str, Any]], wall_s: float, slo: Slo,
+              miss_ids: set[int] | None = None) -> dict[str, Any]:
+    """Per-phase figures. ``throughput_rps``: answered requests / wall; ``goodput_rps``:
+    requests meeting ``slo`` / wall. ``ttft_miss_p50_ms``: over rows whose tier is
+    ``miss``, or (plain vLLM, no tiers) over the ids ``miss_ids`` that the cache missed on
+    the same requests."""
+    ok = [r for r in rows if r["status"] == 200 and r["ttft_ms"] is not None]
+    good = [r for r in ok if slo.met(r)]
+    ttft = [r["ttft_ms"] for r in ok]
+    e2e = [r["e2e_ms"] for r in ok]
+    if miss_ids is None:
+        misses = [r["ttft_ms"] for r in ok if r["tier"] == "miss"]
+    else:
+        misses = [r["ttft_ms"] for r in ok if r["i"] in miss_ids]
+    hits: dict[str, int] = {}
+    for r in ok:
+        tier = r["tier"] or "engine"
+        hits[tier] = hits.get(tier, 0) + 1
+    wall = max(wall_s, 1e-9)
+    return {"requests": len(rows), "answered": len(ok), "errors": len(rows) - len(ok),
+            "wall_s": round(wall_s, 2),
+            "throughput_rps": round(len(ok) / wall, 3), "goodput_rps": round(len(good) / wall, 3),
+            "slo_met_share": round(len(good) / max(len(rows), 1), 4),
+            "ttft_p50_ms": _pct(ttft, 50), "ttft_p99_ms": _pct(ttft, 99),
+            "ttft_miss_p50_ms": _pct(misses, 50), "ttft_miss_n": len(misses),
+            "e2e_p50_ms": _pct(e2e, 50), "e2e_p99_ms": _pct(e2e, 99),
+            "output_tokens": sum(int(r.get("tokens") or 0) for r in ok),
+            "hits_by_tier": dict(sorted(hits.items()))}
+
+
+def miss_ids(rows: Sequence[dict[str, Any]]) -> set[int]:
+    """Ids of the requests every vlmcache tier missed (answered by the engine)."""
+    return {r["i"] for r in rows if r["status"] == 200 and r["tier"] == "miss"}
+
+
+def verdict(rates: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The issue's two serving targets over one shape's ``rates`` list."""
+    best = {side: max((r[side]["goodput_rps"] for r in rates), default=0.0)
+            for side in ("ours", "plain")}
+    low = min(rates, key=lambda r: r["rate"]) if rates else None
+    ratio = None
+    if low and low["ours"]["ttft_miss_p50_ms"] and low["plain"]["ttft_miss_p50_ms"]:
+        ratio = round(low["ours"]["ttft_miss_p50_ms"] / low["plain"]["ttft_miss_p50_ms"], 3)
+    gain = round(best["ours"] / best["plain"], 3) if best["plain"] else None
+    return {"best_goodput_rps": best, "best_goodput_ratio": gain,
+            "goodput_2x_met": bool(gain is not None and gain >= 2.0),
+            "lowest_rate_ttft_miss_ratio": ratio,
+            "ttft_miss_1_05x_met": bool(ratio is not None and ratio <= 1.05)}

@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# The GPU serving load benchmark (benchmarks/serve_gpu.py) on a lent GPU machine, in the
+# background so that no device call's 10-minute limit cuts a run; vLLM 0.26 staged in
+# /root/site by ../shared/gpu/stage-vllm.sh.
+#   bash scripts/gpu_serve.sh start "qwen2vl7b:8,24,48,96" "llava7b:6,18,36,72"   # returns at once
+#   bash scripts/gpu_serve.sh wait 540    # up to 540 s; per-shape results and logs -> $OUT
+# Shapes run one after the other (each: both servers at once on the GPU, 0.4 of its memory
+# each); a shape's file is written when it finishes. ARGS: more serve_gpu.py arguments.
+set -uo pipefail
+code=/root/serve-code
+case "${1:-}" in
+  start)
+    shift
+    rm -rf "$code" /root/serve-out /root/serve-work-* && mkdir -p "$code" /root/serve-out
+    cp -r src benchmarks scripts "$code"/
+    nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader
+    cmds=""
+    for job in "$@"; do
+      shape=${job%%:*} rates=${job#*:}
+      cmds+="python benchmarks/serve_gpu.py --geometry benchmarks/geometries/$shape --rates $rates \
+        --work /root/serve-work-$shape --out /root/serve-out/serve-gpu-$shape.json ${ARGS:-} \
+        > /root/serve-out/log-$shape.txt 2>&1; echo \$? > /root/serve-out/rc-$shape; "
+    done
+    (cd "$code" && PYTHONPATH=/root/site:$code/src:$code/benchmarks PYTHONUNBUFFERED=1 \
+      setsid bash -c "$cmds touch /root/serve-out/done" < /dev/null > /dev/null 2>&1 &)
+    sleep 2; echo "started $# shape(s)"
+    ;;
+  wait)
+    deadline=$((SECONDS + ${2:-540}))
+    while [ $SECONDS -lt $deadline ] && [ ! -e /root/serve-out/done ]; do sleep 10; done
+    for f in /root/serve-out/log-*.txt; do
+      s=$(basename "$f" .txt); s=${s#log-}
+      echo "== $s rc=$(cat /root/serve-out/rc-$s 2>/dev/null || echo running)"
+      grep -E "rate |Error|error" "$f" | tail -n 12 | cut -c1-400
+      cp "$f" /root/serve-out/serve-gpu-$s.json "${OUT:-/tmp}/" 2>/dev/null
+      tail -c 20000 /root/serve-work-$s/ours.log > "${OUT:-/tmp}/ours-$s.log" 2>/dev/null
+      tail -c 8000 /root/serve-work-$s/plain.log > "${OUT:-/tmp}/plain-$s.log" 2>/dev/null
+    done
+    nvidia-smi --query-gpu=memory.used --format=csv,noheader
+    ;;
+  *) echo "usage: $0 start SHAPE:RATES [...] | wait SECONDS"; exit 2 ;;
+esac
