@@ -101,6 +101,7 @@ def test_a_killed_child_fails_pending_and_later_jobs_as_misses(tmp_path):
     io.submit(RowJob(5, "load", ("ab" * 32,), (0,)))
     assert got.wait(30)
     assert [(j.job_id, o.success) for j, o in outcomes] == [(5, False)]
+    assert io.dead  # the persistent tier then promises nothing (test_persist)
     io.close()
 
 

@@ -203,3 +203,45 @@ def test_a_lookup_the_connector_did_not_expect_is_decided_alone(tmp_path):
     assert t.lookup(b"other", "r")  # not among the expected keys: this chunk alone
     report = t.ledger.pop("r")
     assert not report.planned and report.decision.tokens == 16
+
+
+def _split_tier(root: Path, region: np.ndarray) -> PersistentKV:
+    """The scheduler's index and the I/O process's store are two opens of one root, as with
+    vLLM's default process layout (the I/O process runs beside the EngineCore)."""
+    cost = CostModel(CostPriors(1e12, 0.0, 1e9))
+    index, io_store = DiskStore(root, 10**9), DiskStore(root, 10**9)
+
+    def make_io(done):
+        return InlineIO(RowMover(io_store, region, threads=2), done)
+
+    return PersistentKV(index, TierGeometry(NS, 16, int(region.shape[1])), cost, make_io)
+
+
+def test_a_chunk_a_load_found_damaged_is_never_promised_again(tmp_path):
+    """Issue 33 (chaos run): the I/O process removed a damaged chunk, but the scheduler's
+    index, opened before, still listed it: vLLM was promised it again and again (a
+    load-fail-lookup loop of 350k jobs while the requests waited)."""
+    src = rows()
+    writer = tier(tmp_path, src)
+    writer.submit_store(1, [b"k0", b"k1"], [0, 1])
+    writer.shutdown()
+    t = _split_tier(tmp_path, np.zeros_like(src))
+    path = next((tmp_path / "chunks").rglob(kv_row_key(NS, b"k1") + "*"))
+    path.write_bytes(path.read_bytes()[:100])  # damaged under the running engine
+    assert t.lookup(b"k1", "r1")  # the scheduler cannot know yet
+    t.submit_load(2, [b"k0", b"k1"], [0, 1], "r1")
+    (outcome,) = t.finished()
+    assert not outcome.success and outcome.loaded_keys == (b"k0",)
+    assert t.lookup(b"k0", "r2") and not t.lookup(b"k1", "r2")  # k0 still good
+    t.submit_store(3, [b"k1"], [1])  # recomputed and captured again: promised again
+    t.finished()
+    assert t.lookup(b"k1", "r3")
+
+
+def test_a_dead_io_process_is_promised_nothing(tmp_path):
+    t = tier(tmp_path, rows())
+    t.submit_store(1, [b"k0"], [0])
+    t.finished()
+    assert t.lookup(b"k0", "r1")
+    t._io.dead = True  # what ChildIO says once its process has ended
+    assert not t.lookup(b"k0", "r2")

@@ -174,6 +174,7 @@ class ChildIO:
         self._lock = threading.Lock()
         self._pending: dict[int, RowJob] = {}
         self._dead = False
+        self._closing = False  # close() asked for the end: no error line for it
         # jobs go to the pipe from a writer thread: a wedged child fills the pipe, and the
         # scheduler must never block on it (past MAX_QUEUED_JOBS, jobs fail: misses)
         self._outbox: queue.Queue[RowJob | None] = queue.Queue(MAX_QUEUED_JOBS)
@@ -198,6 +199,12 @@ class ChildIO:
         logger.info("vlmcache KV tier: I/O process %d (%d threads)", self.pid,
                     start.threads)
 
+    @property
+    def dead(self) -> bool:
+        """Whether the I/O process has ended (every job then fails: a miss)."""
+        with self._lock:
+            return self._dead
+
     def submit(self, job: RowJob) -> None:
         with self._lock:
             accepted = not self._dead
@@ -216,6 +223,7 @@ class ChildIO:
 
     def close(self) -> None:
         """Finish every submitted job, then stop the child."""
+        self._closing = True
         self._outbox.put(None)  # the writer closes the child's stdin after the last job
         self._writer.join(timeout=60)
         self._reader.join(timeout=60)  # the child's stdout ends when it does
@@ -286,7 +294,7 @@ class ChildIO:
             self._dead = True
             jobs, self._pending = list(self._pending.values()), {}
         staged = orphaned_count(self._journal) if self._journal is not None else 0
-        if jobs or staged:
+        if not self._closing:  # an end nobody asked for is always worth a line
             logger.error("vlmcache KV tier: I/O process %d ended; %d pending jobs failed and "
                          "%d acknowledged staged rows were not written (the next start reports "
                          "them); the persistent tier is off until restart", self.pid,

@@ -37,6 +37,8 @@ logger = logging.getLogger(__name__)
 
 #: Requests whose per-request tier report is kept until the connector collects it.
 MAX_TRACKED_REQUESTS = 4096
+#: store keys remembered as unreadable (a failed load) until written again
+UNREADABLE_MAX = 65_536
 
 
 class KeyIndex(Protocol):
@@ -129,6 +131,10 @@ class PersistentKV:
         self._save = save  # False: rows are never written (enable_kv_save off)
         self._pending: dict[int, _Submitted] = {}
         self._done: list[FinishedJob] = []
+        # store keys a load found missing or damaged: the scheduler's index (built when this
+        # process opened the store) still lists them, and promising them again would send
+        # vLLM into a load-fail-lookup loop; forgotten when the key is written again
+        self._unreadable: OrderedDict[str, None] = OrderedDict()
         self._lock = threading.Lock()
         self._idle = threading.Condition(self._lock)
         self.ledger = _Ledger()
@@ -168,7 +174,7 @@ class PersistentKV:
         Either way the request's lookups then miss without asking the store again."""
         stored = 0
         for key in offload_keys:
-            if not self._index.contains(self.key_for(key)):
+            if not self._stored(self.key_for(key)):
                 break
             stored += 1
         report = self.ledger.get(req_id)
@@ -199,10 +205,20 @@ class PersistentKV:
         if report.decision.choice == "skip":
             report.chunks_skipped += 1
             return False
-        if not self._index.contains(self.key_for(offload_key)):
+        if not self._stored(self.key_for(offload_key)):
             return False
         report.chunks_found += 1
         return True
+
+    def _stored(self, store_key: str) -> bool:
+        """Whether the store holds ``store_key`` and no load found it unreadable, with the
+        executor alive (a dead I/O process loads nothing: promising would only fail)."""
+        if getattr(self._io, "dead", False):
+            return False
+        with self._lock:
+            if store_key in self._unreadable:
+                return False
+        return self._index.contains(store_key)
 
     def _plan_from(self, req_id: str, expected: tuple[bytes, ...], first: bytes) -> None:
         """Plan from ``first``, the first chunk vLLM looked for beyond its CPU tier; a key
@@ -280,6 +296,7 @@ class PersistentKV:
             sub = self._pending.get(job.job_id) or _Submitted((), None)
         if job.kind == "load":
             self._note_load(sub.req_id, outcome, len(job.keys))
+        self._note_readable(job, outcome)
         # vLLM 0.32 keeps a failed load's leading keys that did load (0.26: all or none)
         loaded = None if outcome.success else sub.offload_keys[:outcome.loaded]
         finished = FinishedJob(job.job_id, outcome.success, outcome.nbytes, outcome.seconds,
@@ -288,6 +305,17 @@ class PersistentKV:
             self._pending.pop(job.job_id, None)
             self._done.append(finished)
             self._idle.notify_all()
+
+    def _note_readable(self, job: RowJob, outcome: JobOutcome) -> None:
+        """A failed load's first unread key is unreadable until written again."""
+        with self._lock:
+            if job.kind == "store" and outcome.success:
+                for key in job.keys:
+                    self._unreadable.pop(key, None)
+            elif job.kind == "load" and not outcome.success and outcome.loaded < len(job.keys):
+                self._unreadable[job.keys[outcome.loaded]] = None
+                while len(self._unreadable) > UNREADABLE_MAX:
+                    self._unreadable.popitem(last=False)
 
     def _note_load(self, req_id: str | None, outcome: JobOutcome, chunks: int) -> None:
         """Count the request's loaded and failed chunks (the executor measures throughput)."""
