@@ -38,10 +38,15 @@ def test_the_busiest_thread_is_the_one_that_spun():
     t = threading.Thread(target=spinner, name="spinner")
     t.start()
     spun.wait()
-    top = busiest(before, thread_cpu_s())
+    top = busiest(before, thread_cpu_s(), top=10_000)
     done.set()
     t.join()
-    assert top and top[0][0].endswith(f"/{tid[0]}") and top[0][1] >= 0.2
+    import os
+
+    # other processes of the session (engines of earlier tests) may have been busier
+    mine = [(k, v) for k, v in top if f":{os.getpid()}/" in k]
+    assert mine and mine[0][0].endswith(f"/{tid[0]}") and mine[0][1] >= 0.2
+    assert not any(k.startswith("kworker") for k, _ in top)  # kernel threads are not ours
 
 
 def test_the_engine_core_childs_core_is_found_by_its_name():

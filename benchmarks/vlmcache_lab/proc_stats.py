@@ -14,6 +14,8 @@ from collections import Counter
 
 #: threads listed per phase in ``cpu_by_thread`` (the busiest)
 TOP_THREADS = 8
+#: ``PF_KTHREAD`` in a stat file's flags: a kernel thread
+_KERNEL_THREAD = 0x00200000
 
 
 def _stat_fields(path: str) -> tuple[str, list[str]] | None:
@@ -28,13 +30,16 @@ def _stat_fields(path: str) -> tuple[str, list[str]] | None:
 
 
 def _session_procs() -> list[tuple[int, str, list[str]]]:
-    """(pid, name, stat fields after the name) of each process of this session."""
+    """(pid, name, stat fields after the name) of each process of this session. Kernel
+    threads are left out: in a container whose session leader lies outside its pid namespace
+    the session reads 0, as theirs does (a CI run counted a ``kworker`` as the busiest)."""
     sid, procs = os.getsid(0), []
     for entry in os.listdir("/proc"):
         if entry.isdigit():
             got = _stat_fields(f"/proc/{entry}/stat")
-            # fields after the name: state, ppid, pgrp, session, ...
-            if got is not None and int(got[1][3]) == sid:
+            # fields after the name: state, ppid, pgrp, session, tty_nr, tpgid, flags, ...
+            if (got is not None and int(got[1][3]) == sid
+                    and not int(got[1][6]) & _KERNEL_THREAD):
                 procs.append((int(entry), got[0], got[1]))
     return procs
 
