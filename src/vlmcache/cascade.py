@@ -9,6 +9,8 @@ store) hits exactly, and reports each rewrite with its score.
 
 from __future__ import annotations
 
+import dataclasses
+
 import logging
 from dataclasses import dataclass, field
 from typing import Any, Literal, Sequence
@@ -48,6 +50,7 @@ class CascadeRequest:
     tenant: str | None = None
     images: tuple[Any, ...] = ()
     question: str | None = None
+    video_hashes: tuple[str, ...] = ()
 
     @property
     def question_text(self) -> str:
@@ -85,10 +88,17 @@ class Resolution:
     image_hashes: tuple[str, ...] = ()
     images: tuple[Any, ...] | None = None
     rewrite: Rewrite | None = None
+    video_hashes: tuple[str, ...] = ()
 
     @property
     def rewritten(self) -> bool:
         return self.matched is not None
+
+    @property
+    def media_hashes(self) -> tuple[str, ...]:
+        """Every medium the prompt holds, images then videos: what an exact record and a
+        paraphrase's context are bound to."""
+        return self.image_hashes + self.video_hashes
 
 
 @dataclass(frozen=True)
@@ -140,9 +150,18 @@ class Cascade:
         self.text = text
 
     def resolve(self, prompt: str, image_hashes: Sequence[str], tenant: str | None,
-                *, images: Sequence[Any] = (), question: str | None = None) -> Resolution:
-        """The request as it should reach vLLM (only side effect: embedding memo)."""
-        req = CascadeRequest(prompt, tuple(image_hashes), tenant, tuple(images), question)
+                *, images: Sequence[Any] = (), question: str | None = None,
+                video_hashes: Sequence[str] = ()) -> Resolution:
+        """The request as it should reach vLLM (only side effect: embedding memo).
+
+        Videos are matched exactly, by ``video_hashes`` (their sampled frames): every tier
+        here binds to them, none canonicalizes them."""
+        req = CascadeRequest(prompt, tuple(image_hashes), tenant, tuple(images), question,
+                             tuple(video_hashes))
+        res = self._resolve(req)
+        return dataclasses.replace(res, video_hashes=req.video_hashes)
+
+    def _resolve(self, req: CascadeRequest) -> Resolution:
         statuses = self._initial_statuses()
         hit = self._exact(req, req.image_hashes, statuses)
         if hit is not None:
@@ -170,14 +189,15 @@ class Cascade:
                           else None)
 
     def best_candidates(self, prompt: str, image_hashes: Sequence[str], tenant: str | None,
-                        *, images: Sequence[Any] = (),
-                        question: str | None = None) -> Candidates:
+                        *, images: Sequence[Any] = (), question: str | None = None,
+                        video_hashes: Sequence[str] = ()) -> Candidates:
         """The best image and text candidates, ignoring thresholds and the gate.
 
         For threshold sweeps: no side effects besides the embedding memo (no pixels
         loaded, no stale entries removed). The exact tier is not consulted.
         """
-        req = CascadeRequest(prompt, tuple(image_hashes), tenant, tuple(images), question)
+        req = CascadeRequest(prompt, tuple(image_hashes), tenant, tuple(images), question,
+                             tuple(video_hashes))
         canon: tuple[str, ...] = ()
         score = None
         if self.image is not None and req.images:
@@ -191,7 +211,8 @@ class Cascade:
         text = None
         if self.text is not None:
             text = self.text.best(TextQuery(req.question_text, req.prompt,
-                                            image_context(context), req.tenant),
+                                            image_context(context + req.video_hashes),
+                                            req.tenant),
                                   (PROMPT_LAYER, QUESTION_LAYER))
         refused = text is not None and not check_paraphrase(req.question_text, text.question).ok
         return Candidates(score, canon[0] if canon else None,
@@ -213,7 +234,7 @@ class Cascade:
         if self.exact is None or res.hit_tier not in (None, VISION_LAYER):
             return  # nothing would take the keys: they are not derived
         if row_keys.store_keys:
-            self.capture(res.prompt, res.image_hashes, tenant, row_keys.store_keys,
+            self.capture(res.prompt, res.media_hashes, tenant, row_keys.store_keys,
                          prompt_tokens)
 
     def remember(self, req: CascadeRequest, res: Resolution) -> None:
@@ -223,7 +244,7 @@ class Cascade:
                 self.image.record(image, h, req.tenant)
         if self.text is not None and res.hit_tier in (None, VISION_LAYER):
             self.text.record(TextQuery(req.question_text, res.prompt,
-                                       image_context(res.image_hashes), req.tenant))
+                                       image_context(res.media_hashes), req.tenant))
 
     def flush(self) -> None:
         """Persist the similarity tiers' indexes."""
@@ -244,7 +265,7 @@ class Cascade:
                statuses: dict[str, TierStatus]) -> ExactRecord | None:
         if self.exact is None:
             return None
-        record = self.exact.lookup(req.prompt, hashes, req.tenant)
+        record = self.exact.lookup(req.prompt, hashes + req.video_hashes, req.tenant)
         statuses["exact_text"] = "hit" if record is not None else "miss"
         return record
 
@@ -265,7 +286,8 @@ class Cascade:
               statuses: dict[str, TierStatus]) -> TextLookup:
         if self.text is None:
             return TextLookup(None, {})
-        query = TextQuery(req.question_text, req.prompt, image_context(canon.hashes), req.tenant)
+        query = TextQuery(req.question_text, req.prompt,
+                          image_context(canon.hashes + req.video_hashes), req.tenant)
         found = self.text.lookup(query, (PROMPT_LAYER, QUESTION_LAYER))
         for layer in (PROMPT_LAYER, QUESTION_LAYER):
             won = found.match is not None and found.match.layer == layer

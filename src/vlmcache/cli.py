@@ -111,9 +111,15 @@ def cmd_proxy(args: argparse.Namespace) -> int:
 
     logging.basicConfig(level=logging.WARNING)
     logging.getLogger(LOGGER).setLevel(logging.INFO)
+    from vlmcache.serving.launch import parse_media_io_kwargs
+
     config = _serve_config(args)
+    try:
+        media_io = parse_media_io_kwargs(args.media_io_kwargs, "--media-io-kwargs")
+    except ValueError as exc:
+        raise VlmCacheError(str(exc)) from exc
     front = CascadeFront.for_model(args.model, config, metrics=FrontMetrics.create(
-        tenant_label=config.metrics_tenant_label))
+        tenant_label=config.metrics_tenant_label), media_io_kwargs=media_io)
     try:
         uvicorn.run(build_proxy_app(front, args.upstream), host=args.host, port=args.port,
                     log_level="warning")
@@ -205,6 +211,8 @@ def _add_serving_parsers(sub: "argparse._SubParsersAction[argparse.ArgumentParse
                    help="an upstream vLLM server URL (repeat for several)")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8080)
+    p.add_argument("--media-io-kwargs", default=None, metavar="JSON",
+                   help="the upstreams' --media-io-kwargs (how they sample video frames)")
     _front_args(p)
     p.set_defaults(func=cmd_proxy)
 

@@ -116,6 +116,11 @@ class VlmCacheConfig:
         max_image_bytes: largest encoded image the front accepts.
         max_image_pixels: largest decoded image (width x height) the front accepts.
         max_images_per_request: most images one request may carry.
+        max_video_bytes: largest encoded video (``video_url`` part) the front accepts.
+        max_video_frames: most frames the model's sampling may take from one video.
+        max_video_pixels: largest video frame (width x height) the front accepts.
+        max_video_duration_s: longest video (seconds, as its container states) accepted.
+        max_videos_per_request: most videos one request may carry.
         max_request_bytes: largest request body the front accepts.
         metrics_tenant_label: label metrics by tenant (off: one label for all tenants).
         open_routes: comma-separated server routes the front refuses by default (admin,
@@ -221,6 +226,11 @@ class VlmCacheConfig:
     max_image_bytes: int = 20 * 1024**2
     max_image_pixels: int = 4096 * 4096
     max_images_per_request: int = 8
+    max_video_bytes: int = 32 * 1024**2  # issue 34: video through the front
+    max_video_frames: int = 256
+    max_video_pixels: int = 3840 * 2160
+    max_video_duration_s: float = 900.0
+    max_videos_per_request: int = 2
     max_request_bytes: int = 64 * 1024**2
     metrics_tenant_label: bool = True
     open_routes: str = ""  # issue 33: default deny on every other route

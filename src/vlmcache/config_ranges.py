@@ -93,6 +93,7 @@ RANGES: dict[str, Range] = {
     "response_memory_budget": _BYTES,
     "response_max_entry_bytes": _BYTES,
     "max_image_bytes": _BYTES,
+    "max_video_bytes": _BYTES,
     "max_request_bytes": _BYTES,
     "redis_kv_budget": _BYTES,
     "redis_encoder_budget": _BYTES,
@@ -128,6 +129,10 @@ RANGES: dict[str, Range] = {
     "remote_image_timeout_s": _POSITIVE_S,
     "max_image_pixels": _COUNT,
     "max_images_per_request": _COUNT,
+    "max_video_frames": Range(1, note="a positive count"),
+    "max_video_pixels": _COUNT,
+    "max_video_duration_s": _POSITIVE_S,
+    "max_videos_per_request": _COUNT,
     # Redis
     "redis_timeout_ms": _POSITIVE,
     "redis_connect_timeout_ms": _POSITIVE,

@@ -19,6 +19,10 @@ class RequestError(VlmCacheError, ValueError):
     """A request cannot be served as given; the message names the field and the problem."""
 
 
+class RequestTooLarge(RequestError):
+    """A request, or a medium in it, over one of the front's size limits (a 413)."""
+
+
 class MissingDependencyError(VlmCacheError, ImportError):
     """An optional dependency is not installed; the message says how to install it."""
 

@@ -96,13 +96,16 @@ class ReuseReport:
         tokens_computed: prompt tokens computed by the model.
         blocks_saved: KV blocks this request added to the store.
         load_failed_blocks: blocks that failed to load (corrupt/evicted) and were recomputed.
-        images_encoded: images that went through the vision encoder.
-        images_loaded: images whose encoder output came from the store (L1.5).
+        images_encoded: media items (images, videos) that went through the vision encoder.
+        images_loaded: media items whose encoder output came from the store (L1.5).
         canonical_question: the cached question a paraphrase was rewritten to (L1).
         canonical_images: content hashes of the canonical images sent instead of the
             request's own (L2 vision); empty when the images were sent as they were.
         image_similarity: the score of each canonical image's match.
         gate_refused: similarity hits the paraphrase gate refused, with the reason.
+        videos: each video's identity (BLAKE3 of its sampled frames and their metadata),
+            under which every tier matched it exactly.
+        video_frames: frames the model's sampling took from each video.
         latency_s: request latency (engine queue to last token).
         ttft_s: time to first token, where vLLM reports it.
     """
@@ -129,6 +132,8 @@ class ReuseReport:
     row_keys: KVRowKeys = field(default_factory=KVRowKeys, repr=False)
     kv_cost_choice: str | None = None  # issue 11: the persistent KV tier's load/skip choice
     kv_cost_reason: str | None = None  # issue 11: predicted load vs recompute times
+    videos: tuple[str, ...] = ()  # issue 34
+    video_frames: tuple[int, ...] = ()
 
     @property
     def hit(self) -> bool:
@@ -166,7 +171,8 @@ class ReuseReport:
                 "image_similarity": list(self.image_similarity),
                 "gate_refused": list(self.gate_refused),
                 "latency_s": self.latency_s, "ttft_s": self.ttft_s,
-                "kv_cost_choice": self.kv_cost_choice, "kv_cost_reason": self.kv_cost_reason}
+                "kv_cost_choice": self.kv_cost_choice, "kv_cost_reason": self.kv_cost_reason,
+                "videos": list(self.videos), "video_frames": list(self.video_frames)}
 
 
 def build_report(request_id: str, res: Resolution | None, kv: KVReuse | None,

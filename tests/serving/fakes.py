@@ -86,3 +86,47 @@ class FakeEngineApp:
                     "headers": [(b"content-type", ctype),
                                 (b"content-length", str(len(raw)).encode())]})
         await send({"type": "http.response.body", "body": raw})
+
+
+def clip_frames(seed: int = 0, n: int = 12, h: int = 64, w: int = 96):
+    """``n`` RGB frames of a square moving right on a seed-coloured background."""
+    import numpy as np
+
+    frames = np.zeros((n, h, w, 3), np.uint8)
+    frames[:] = (30 + seed * 50 % 200, 60, 90)
+    for t in range(n):
+        frames[t, 10:40, 5 + 4 * t:25 + 4 * t] = (200, 50, 50)
+    return frames
+
+
+def clip_bytes(frames, fourcc: str = "FFV1", ext: str = ".mkv", fps: float = 10.0) -> bytes:
+    """The frames as a video file (OpenCV's writer; FFV1, HFYU, 'PNG ' are lossless)."""
+    import os
+    import tempfile
+
+    import cv2
+
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "clip" + ext)
+        h, w = frames.shape[1:3]
+        writer = cv2.VideoWriter(path, cv2.VideoWriter_fourcc(*fourcc), fps, (w, h))
+        assert writer.isOpened(), f"no {fourcc} writer"
+        for frame in frames:
+            writer.write(cv2.cvtColor(frame, cv2.COLOR_RGB2BGR))
+        writer.release()
+        with open(path, "rb") as f:
+            return f.read()
+
+
+def video_url(data: bytes, mime: str = "video/x-matroska") -> str:
+    return f"data:{mime};base64," + base64.b64encode(data).decode()
+
+
+def video_chat(question: str, *clips: bytes, tenant: str | None = None, **extra) -> dict:
+    parts = [{"type": "video_url", "video_url": {"url": video_url(c)}} for c in clips]
+    body = {"model": "m", "messages": [{"role": "user", "content": [
+        *parts, {"type": "text", "text": question}]}], "temperature": 0, "max_tokens": 4}
+    if tenant is not None:
+        body["cache_salt"] = tenant
+    body.update(extra)
+    return body

@@ -218,3 +218,18 @@ def test_canonical_images_are_charged_to_their_tenant_on_disk(tmp_path):
     disk = tier.store.disk
     assert [(o.tenant, o.entries) for o in disk.tenant_occupancy()] == [("acme", 1)]
     assert disk._tenants.quota == config.image_store_budget // 2 and disk.protect_reused
+
+
+def test_videos_bind_the_exact_and_paraphrase_tiers_and_are_recorded_with_them():
+    video_prompt = "<|m:user|>\n<video>\n<|p|>\nWhat moves?"
+    exact = FakeExact({(video_prompt, ("v1",)): video_prompt})
+    text = FakeText()
+    cascade = Cascade(exact, None, text)
+    hit = cascade.resolve(video_prompt, (), "t", video_hashes=("v1",))
+    assert hit.hit_tier == "text:exact" and hit.video_hashes == ("v1",)
+    miss = cascade.resolve(video_prompt, (), "t", video_hashes=("v2",))
+    assert miss.hit_tier is None and exact.calls[-1] == (video_prompt, ("v2",))
+    # the paraphrase tier is asked about this video's context, not an image-less one
+    assert text.queries[-1][0].context == image_context(("v2",)) != image_context(())
+    cascade.remember(CascadeRequest(video_prompt, (), "t", (), None, ("v2",)), miss)
+    assert text.recorded[-1].context == image_context(("v2",))

@@ -24,7 +24,7 @@ from typing import Any, Awaitable, Callable
 
 import anyio.to_thread
 
-from vlmcache.errors import RequestError
+from vlmcache.errors import RequestError, RequestTooLarge
 from vlmcache.serving.front import CascadeFront, FrontPlan, error_field, report_body
 from vlmcache.serving.openai_req import Endpoint, load_body, request_tenant
 from vlmcache.serving.rewrite import bind_tenant
@@ -41,7 +41,7 @@ Receive = Callable[[], Awaitable[dict[str, Any]]]
 Send = Callable[[dict[str, Any]], Awaitable[None]]
 
 
-class BodyTooLarge(RequestError):
+class BodyTooLarge(RequestTooLarge):
     """The request body is over ``max_request_bytes``."""
 
 
@@ -82,7 +82,7 @@ class VlmCacheMiddleware:
                                                   _headers(scope))
         except RequestError as exc:
             self.front.refused(exc)
-            await _send_error(send, 413 if isinstance(exc, BodyTooLarge) else 400, exc)
+            await _send_error(send, 413 if isinstance(exc, RequestTooLarge) else 400, exc)
             return
         if plan.cached is not None:
             await self._send_cached(plan, send)
@@ -123,7 +123,7 @@ class VlmCacheMiddleware:
             tenant = request_tenant(body, _headers(scope))
         except RequestError as exc:
             self.front.refused(exc)
-            await _send_error(send, 413 if isinstance(exc, BodyTooLarge) else 400, exc)
+            await _send_error(send, 413 if isinstance(exc, RequestTooLarge) else 400, exc)
             return
         bound = bind_tenant(body, tenant if policy.kind == "bound" else None, config)
         await self._forward(bound, scope, receive, send)
@@ -231,8 +231,11 @@ def front_from_env() -> CascadeFront:
     if not isinstance(spec, dict) or not isinstance(spec.get("model"), str):
         raise ConfigError(f"{CONFIG_ENV}: {path} must hold {{\"model\": ..., \"config\": ...}}")
     config = VlmCacheConfig.from_dict(spec.get("config") or {})
+    media_io = spec.get("media_io_kwargs")
+    if media_io is not None and not isinstance(media_io, dict):
+        raise ConfigError(f"{CONFIG_ENV}: media_io_kwargs in {path} must be an object")
     return CascadeFront.for_model(spec["model"], config, metrics=FrontMetrics.create(
-        tenant_label=config.metrics_tenant_label))
+        tenant_label=config.metrics_tenant_label), media_io_kwargs=media_io)
 
 
 async def _read_body(receive: Receive, limit: int) -> bytes:

@@ -28,6 +28,7 @@ from vlmcache.serving.openai_req import Endpoint, ParsedRequest, load_body, pars
 from vlmcache.serving.rewrite import rewrite_body
 from vlmcache.tiers.response import (LocalRecordStore, RecordStore, ResponseTier,
                                      canonical_request, is_deterministic)
+from vlmcache.vllm.video_io import VideoSampling
 
 logger = logging.getLogger(__name__)
 
@@ -62,8 +63,10 @@ class CascadeFront:
     """
 
     def __init__(self, config: VlmCacheConfig, cascade: Cascade,
-                 responses: ResponseTier | None, metrics: FrontMetrics | None) -> None:
+                 responses: ResponseTier | None, metrics: FrontMetrics | None,
+                 sampling: VideoSampling | None = None) -> None:
         self.config = config
+        self.sampling = sampling or VideoSampling()
         self.cascade = cascade
         self.responses = responses
         self.metrics = metrics
@@ -72,8 +75,13 @@ class CascadeFront:
 
     @classmethod
     def for_model(cls, model: str, config: VlmCacheConfig, *, metrics: FrontMetrics | None,
-                  record_store: RecordStore | None = None) -> "CascadeFront":
-        """The front for ``model`` (a local directory) under ``config``."""
+                  record_store: RecordStore | None = None,
+                  media_io_kwargs: Mapping[str, Mapping[str, Any]] | None = None
+                  ) -> "CascadeFront":
+        """The front for ``model`` (a local directory) under ``config``; ``media_io_kwargs``
+        are the server's ``--media-io-kwargs`` (how its engine samples videos)."""
+        from vlmcache.vllm.video_io import video_processor_name
+
         from vlmcache.tenant_secret import with_deployment_salt
         from vlmcache.vllm.namespace import namespace_for_model
 
@@ -89,14 +97,15 @@ class CascadeFront:
                                      config.response_max_entry_bytes)
         logger.info("vlmcache front: model %s, namespace %s, store %s, tiers on: %s",
                     model, digest[:16], config.store_dir, ", ".join(_tiers_on(config)))
-        return cls(config, build_cascade(config, digest), responses, metrics)
+        sampling = VideoSampling(dict(media_io_kwargs or {}), video_processor_name(model))
+        return cls(config, build_cascade(config, digest), responses, metrics, sampling)
 
     # ---- before the engine ---------------------------------------------------------------
 
     def begin(self, endpoint: Endpoint, raw: bytes, headers: Mapping[str, str]) -> FrontPlan:
         """Decode, look up and rewrite one request; :class:`RequestError` if it is bad."""
         started = time.perf_counter()
-        req = parse_request(endpoint, load_body(raw), headers, self.config)
+        req = parse_request(endpoint, load_body(raw), headers, self.config, self.sampling)
         t_decoded = time.perf_counter()
         plan = FrontPlan(req, None, None, "skip", None, None, started,
                          {"decode": t_decoded - started})
@@ -123,7 +132,8 @@ class CascadeFront:
             with self._lock:
                 return self.cascade.resolve(
                     req.transcript, req.image_hashes, req.tenant,
-                    images=[ref.image for ref in req.images], question=req.question)
+                    images=[ref.image for ref in req.images], question=req.question,
+                    video_hashes=req.video_hashes)
         except Exception:
             logger.exception("front: cascade lookup failed; the request goes on as a miss")
             return None
@@ -154,7 +164,8 @@ class CascadeFront:
             similarity=1.0, canonical_prompt=None,
             prompt_tokens=int(usage.get("prompt_tokens") or 0), tokens_loaded=0,
             tokens_from_prefix_cache=0, tokens_computed=0, blocks_saved=0,
-            load_failed_blocks=0, latency_s=time.perf_counter() - plan.started)
+            load_failed_blocks=0, latency_s=time.perf_counter() - plan.started,
+            videos=plan.request.video_hashes, video_frames=plan.request.video_frames)
         self._observe(plan, report)
         body["vlmcache"] = report_body(plan, report)
         return body
@@ -216,7 +227,8 @@ class CascadeFront:
                               latency_s=time.perf_counter() - plan.started,
                               enabled=not plan.request.options.bypass)
         statuses = {RESPONSE_TIER: plan.response_status, **report.statuses}
-        return dataclasses.replace(report, statuses=statuses)
+        return dataclasses.replace(report, statuses=statuses, videos=plan.request.video_hashes,
+                                   video_frames=plan.request.video_frames)
 
     def _remember(self, req: ParsedRequest, res: Resolution, report: ReuseReport) -> None:
         """Make this request findable: exact record and canonical images/questions."""
@@ -225,7 +237,7 @@ class CascadeFront:
             self.cascade.record_served(res, req.tenant, report.row_keys, report.prompt_tokens)
             self.cascade.remember(CascadeRequest(
                 req.transcript, res.image_hashes, req.tenant,
-                tuple(ref.image for ref in req.images), req.question), res)
+                tuple(ref.image for ref in req.images), req.question, req.video_hashes), res)
 
     def _observe(self, plan: FrontPlan, report: ReuseReport) -> None:
         if self.metrics is not None:

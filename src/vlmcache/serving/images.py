@@ -113,24 +113,25 @@ def open_image(data: bytes, field: str, max_pixels: int) -> Any:
     return image
 
 
-def fetch_image_bytes(url: str, field: str, limits: ImageLimits) -> bytes:
-    """GET ``url`` within the time limit, reading at most ``max_bytes``."""
+def fetch_image_bytes(url: str, field: str, limits: ImageLimits, what: str = "image") -> bytes:
+    """GET ``url`` within the time limit, reading at most ``max_bytes`` (``what``: the
+    medium the errors name)."""
     import httpx
 
     try:
         with httpx.stream("GET", url, timeout=limits.timeout_s,
                           follow_redirects=False) as resp:
             if resp.status_code != 200:
-                raise RequestError(f"{field}: fetching the image gave HTTP {resp.status_code}")
+                raise RequestError(f"{field}: fetching the {what} gave HTTP {resp.status_code}")
             chunks, size = [], 0
             for chunk in resp.iter_bytes():
                 size += len(chunk)
                 if size > limits.max_bytes:
-                    raise RequestError(f"{field}: image is larger than the "
+                    raise RequestError(f"{field}: {what} is larger than the "
                                        f"{limits.max_bytes}-byte limit")
                 chunks.append(chunk)
     except httpx.HTTPError as exc:
-        raise RequestError(f"{field}: cannot fetch the image ({type(exc).__name__})") from None
+        raise RequestError(f"{field}: cannot fetch the {what} ({type(exc).__name__})") from None
     return b"".join(chunks)
 
 

@@ -65,7 +65,8 @@ def serve_command(model: str, config: VlmCacheConfig, vllm_args: Sequence[str],
     middleware: list[str] = []
     if front:  # no salt in it: the front reads it from the environment or the store
         spec = write_private_file(run_dir, "front.json", json.dumps(
-            {"model": model, "config": public_config(config)}, indent=1))
+            {"model": model, "config": public_config(config),
+             "media_io_kwargs": media_io_kwargs_of(vllm_args)}, indent=1))
         env[CONFIG_ENV] = str(spec)
         middleware = ["--middleware", MIDDLEWARE]
     if "VLLM_LOGGING_CONFIG_PATH" not in os.environ:
@@ -76,6 +77,33 @@ def serve_command(model: str, config: VlmCacheConfig, vllm_args: Sequence[str],
     argv = [sys.executable, "-m", LAUNCHER_MODULE, "--model", model, *wired, *middleware,
             *vllm_args]
     return ServeCommand(argv, env)
+
+
+def media_io_kwargs_of(vllm_args: Sequence[str]) -> dict[str, dict[str, object]]:
+    """The ``--media-io-kwargs`` among vLLM's arguments (the front decodes videos as the
+    engine will); ``{}`` when not given."""
+    value = None
+    for k, arg in enumerate(vllm_args):
+        if arg == "--media-io-kwargs" and k + 1 < len(vllm_args):
+            value = vllm_args[k + 1]
+        elif arg.startswith("--media-io-kwargs="):
+            value = arg.split("=", 1)[1]
+    return parse_media_io_kwargs(value, "--media-io-kwargs")
+
+
+def parse_media_io_kwargs(value: str | None, flag: str) -> dict[str, dict[str, object]]:
+    """A ``--media-io-kwargs`` JSON value: an object of per-medium objects; ``ValueError``
+    naming ``flag`` otherwise."""
+    if value is None:
+        return {}
+    try:
+        parsed = json.loads(value)
+    except ValueError as exc:
+        raise ValueError(f"{flag}: not valid JSON ({exc})") from None
+    if not isinstance(parsed, dict) or not all(isinstance(v, dict) for v in parsed.values()):
+        raise ValueError(f"{flag}: expected an object of objects, e.g. "
+                         '\'{"video": {"num_frames": 16}}\'')
+    return parsed
 
 
 def _private_run_dir(run_dir: Path, store: Path) -> None:

@@ -36,6 +36,7 @@ class FrontMetrics:
     response_bytes: Gauge
     response_entries: Gauge
     kv_path: Counter
+    video_frames: Counter
     tenant_label: bool = True
 
     @classmethod
@@ -69,6 +70,10 @@ class FrontMetrics:
             kv_path=Counter("vlmcache_kv_path", "Per-request figures the KV path reports "
                             "in kv_transfer_params.vlmcache (chunks found/loaded/stored, "
                             "tokens, ...), summed", ["tenant", "field"], registry=reg),
+            video_frames=Counter("vlmcache_video_frames", "Sampled video frames of answered "
+                                 "requests, by deciding tier (a response-tier hit skipped "
+                                 "their encoding and prefill)", ["tenant", "hit_tier"],
+                                 registry=reg),
             tenant_label=tenant_label)
 
     def tenant(self, tenant: str | None) -> str:
@@ -95,6 +100,8 @@ class FrontMetrics:
             self.images_loaded.labels(t).inc(report.images_loaded)
         tier = report.hit_tier or "miss"
         self.requests.labels(t, tier).inc()
+        if report.video_frames:
+            self.video_frames.labels(t, tier).inc(sum(report.video_frames))
         self.request_seconds.labels(tier).observe(report.latency_s)
 
     def observe_stages(self, stages: Mapping[str, float]) -> None:

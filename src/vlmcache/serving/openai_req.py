@@ -20,18 +20,24 @@ from typing import Any, Literal, Mapping
 from vlmcache.config import VlmCacheConfig
 from vlmcache.errors import RequestError
 from vlmcache.serving.images import DecodedImages, ImageLimits
+from vlmcache.serving.videos import DecodedVideos, VideoLimits
+from vlmcache.vllm.video_io import VideoSampling
 
 Endpoint = Literal["chat", "completions"]
 IMAGE_MARK = "<image>"
-MEDIA_MARK = "<media>"  # audio/video parts: sent as they are, not identified by the front
+VIDEO_MARK = "<video>"
+MEDIA_MARK = "<media>"  # audio parts: sent as they are, not identified by the front
 PART_SEP = "\n<|p|>\n"
 _MSG_RE = re.compile(r"(?:^|\n)<\|m:([^|>\n]*)\|>\n")
 TENANT_HEADER = "x-vlmcache-tenant"
 IMAGE_TYPES = ("image_url", "input_image")
+VIDEO_TYPES = ("video_url",)
 EMBED_TYPES = ("image_embeds", "audio_embeds", "video_embeds", "prompt_embeds")
 OPTION_KEYS = ("bypass", "response_cache")
 #: Decoded data URLs of this process (a repeat skips the decode).
 DECODED = DecodedImages()
+#: Decoded video data URLs of this process (identity only, not frames).
+DECODED_VIDEOS = DecodedVideos()
 #: Deepest JSON nesting a request body may have (OpenAI bodies, tool schemas included, are
 #: far shallower); deeper bodies get a 400, never a RecursionError (a 500) in a parser.
 MAX_JSON_DEPTH = 128
@@ -57,6 +63,18 @@ class ImageRef:
 
 
 @dataclass(frozen=True)
+class VideoRef:
+    """One video of a request: where it is in the body, its identity and shape."""
+
+    message: int
+    part: int
+    content_hash: str
+    frames: int
+    data_url: str | None = None  # a fetched remote video, as vLLM will get it
+    client_uuid: str | None = None
+
+
+@dataclass(frozen=True)
 class ParsedRequest:
     """A validated request: the body, its tenant, images, transcript and question."""
 
@@ -67,10 +85,19 @@ class ParsedRequest:
     images: tuple[ImageRef, ...]
     transcript: str | None  # None: the cascade cannot see this request (e.g. token prompts)
     question: str | None
+    videos: tuple[VideoRef, ...] = ()
 
     @property
     def image_hashes(self) -> tuple[str, ...]:
         return tuple(ref.content_hash for ref in self.images)
+
+    @property
+    def video_hashes(self) -> tuple[str, ...]:
+        return tuple(ref.content_hash for ref in self.videos)
+
+    @property
+    def video_frames(self) -> tuple[int, ...]:
+        return tuple(ref.frames for ref in self.videos)
 
     @property
     def stream(self) -> bool:
@@ -79,11 +106,14 @@ class ParsedRequest:
     def identity_body(self) -> dict[str, Any]:
         """The body with each image replaced by its content identity (response-tier key)."""
         body = {k: v for k, v in self.body.items() if k != "cache_salt"}
-        if self.endpoint == "chat" and self.images:
+        if self.endpoint == "chat" and (self.images or self.videos):
             body["messages"] = copy.deepcopy(body["messages"])
             for ref in self.images:
                 body["messages"][ref.message]["content"][ref.part] = {
                     "type": "image", "sha256": ref.content_hash}
+            for vid in self.videos:
+                body["messages"][vid.message]["content"][vid.part] = {
+                    "type": "video", "blake3": vid.content_hash}
         return body
 
 
@@ -119,17 +149,23 @@ def _too_deep(value: object, limit: int) -> bool:
 
 
 def parse_request(endpoint: Endpoint, body: object, headers: Mapping[str, str],
-                  config: VlmCacheConfig) -> ParsedRequest:
-    """Validate and decode one request body; :class:`RequestError` names what is wrong."""
+                  config: VlmCacheConfig,
+                  sampling: VideoSampling | None = None) -> ParsedRequest:
+    """Validate and decode one request body; :class:`RequestError` names what is wrong.
+
+    ``sampling``: how the engine samples videos (the server's ``--media-io-kwargs`` and the
+    model's video processor); ``None``: vLLM's defaults."""
     if not isinstance(body, dict):
         raise RequestError("body: expected a JSON object")
     tenant = request_tenant(body, headers)
     options = _options(body)
     if endpoint == "chat":
-        images, transcript, question = _parse_chat(body, config)
-    else:
-        images, transcript, question = (), _completion_prompt(body, config), None
-    return ParsedRequest(endpoint, body, tenant, options, images, transcript, question)
+        media = _Media(config, sampling or VideoSampling(), body)
+        transcript, question = _parse_chat(body, config, media)
+        return ParsedRequest(endpoint, body, tenant, options, tuple(media.images), transcript,
+                             question, tuple(media.videos))
+    return ParsedRequest(endpoint, body, tenant, options, (), _completion_prompt(body, config),
+                         None)
 
 
 def request_tenant(body: dict[str, Any], headers: Mapping[str, str]) -> str | None:
@@ -166,12 +202,48 @@ def _limits(config: VlmCacheConfig) -> ImageLimits:
                        config.remote_image_timeout_s)
 
 
-def _parse_chat(body: dict[str, Any], config: VlmCacheConfig
-                ) -> tuple[tuple[ImageRef, ...], str, str | None]:
+def _video_limits(config: VlmCacheConfig) -> VideoLimits:
+    return VideoLimits(config.max_video_bytes, config.max_video_frames, config.max_video_pixels,
+                       config.max_video_duration_s, config.remote_images,
+                       config.remote_image_timeout_s)
+
+
+class _Media:
+    """The media of one chat request as its parts are read (images, videos, in order)."""
+
+    def __init__(self, config: VlmCacheConfig, sampling: VideoSampling,
+                 body: dict[str, Any]) -> None:
+        self.config, self.sampling = config, sampling
+        self.images: list[ImageRef] = []
+        self.videos: list[VideoRef] = []
+        io_kwargs = body.get("media_io_kwargs")
+        if io_kwargs is not None and not isinstance(io_kwargs, dict):
+            raise RequestError("media_io_kwargs: expected an object")
+        runtime = (io_kwargs or {}).get("video")
+        if runtime is not None and not isinstance(runtime, dict):
+            raise RequestError("media_io_kwargs.video: expected an object")
+        self.runtime = runtime
+        proc = body.get("mm_processor_kwargs")
+        if proc is not None and not isinstance(proc, dict):
+            raise RequestError("mm_processor_kwargs: expected an object")
+        self.processor_kwargs = proc
+
+    def add_video(self, i: int, j: int, field: str, url: object, uuid: object) -> None:
+        if len(self.videos) >= self.config.max_videos_per_request:
+            raise RequestError(f"{field}: more than the {self.config.max_videos_per_request} "
+                               "videos allowed per request (max_videos_per_request)")
+        video = DECODED_VIDEOS.get(url, field, _video_limits(self.config), self.sampling,
+                                   self.runtime, self.processor_kwargs)
+        self.videos.append(VideoRef(i, j, video.content_hash, video.frames, video.data_url,
+                                    str(uuid) if uuid is not None else None))
+
+
+def _parse_chat(body: dict[str, Any], config: VlmCacheConfig,
+                media: _Media) -> tuple[str, str | None]:
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise RequestError("messages: expected a non-empty list")
-    images: list[ImageRef] = []
+    images = media.images
     transcript: list[list[Any]] = []
     for i, msg in enumerate(messages):
         if not isinstance(msg, dict) or not isinstance(msg.get("role"), str):
@@ -182,12 +254,12 @@ def _parse_chat(body: dict[str, Any], config: VlmCacheConfig
             continue
         if not isinstance(content, list):
             raise RequestError(f"messages[{i}].content: expected a string or a list of parts")
-        parts = [_part(i, j, part, config, images) for j, part in enumerate(content)]
+        parts = [_part(i, j, part, config, media) for j, part in enumerate(content)]
         transcript.append([msg["role"], parts])
     if len(images) > config.max_images_per_request:
         raise RequestError(f"messages: {len(images)} images, more than the "
                            f"{config.max_images_per_request} allowed per request")
-    return tuple(images), encode_transcript(transcript), _question(transcript)
+    return encode_transcript(transcript), _question(transcript)
 
 
 def encode_transcript(messages: list[list[Any]]) -> str:
@@ -215,7 +287,7 @@ def decode_transcript(text: str) -> list[tuple[str, list[str]]] | None:
 
 
 def _part(i: int, j: int, part: object, config: VlmCacheConfig,
-          images: list[ImageRef]) -> str | None:
+          media: _Media) -> str | None:
     """The transcript entry of one content part (``None``: not text, not an image)."""
     field = f"messages[{i}].content[{j}]"
     if isinstance(part, str):
@@ -242,9 +314,18 @@ def _part(i: int, j: int, part: object, config: VlmCacheConfig,
         if not isinstance(url, str) or not url:
             raise RequestError(f"{field}.image_url: expected an image URL string")
         image, pixel_hash = DECODED.get(url, f"{field}.image_url", _limits(config))
-        images.append(ImageRef(i, j, image, pixel_hash, str(uuid) if uuid is not None else None))
+        media.images.append(ImageRef(i, j, image, pixel_hash,
+                                     str(uuid) if uuid is not None else None))
         return IMAGE_MARK
-    return None  # other media (audio, video) go to vLLM as they are, minus client uuids
+    if kind in VIDEO_TYPES:
+        url = part.get("video_url")
+        url = url.get("url") if isinstance(url, dict) else url
+        if url is None:
+            raise RequestError(f"{field}.video_url: a video part must carry the video "
+                               "(a uuid alone is not accepted)")
+        media.add_video(i, j, f"{field}.video_url", url, uuid)
+        return VIDEO_MARK
+    return None  # other media (audio) go to vLLM as they are, minus client uuids
 
 
 def _question(transcript: list[list[Any]]) -> str | None:
@@ -253,7 +334,7 @@ def _question(transcript: list[list[Any]]) -> str | None:
         if role != "user":
             continue
         texts = [content] if isinstance(content, str) else [
-            p for p in content if isinstance(p, str) and p != IMAGE_MARK]
+            p for p in content if isinstance(p, str) and p not in (IMAGE_MARK, VIDEO_MARK)]
         return texts[-1] if texts and texts[-1].strip() else None
     return None
 

@@ -3,7 +3,8 @@
 Text: an exact or prompt-layer hit replaces the message texts by the cached request's
 (decoded from its transcript); a question-layer hit replaces only the question. Images:
 every image part gets the identity vlmcache mints from its (canonical) pixels and the
-tenant, and the canonical pixels when a near-duplicate was canonicalized. The tenant
+tenant, and the canonical pixels when a near-duplicate was canonicalized; every video part
+the identity of its sampled frames and the tenant. The tenant
 becomes vLLM's ``cache_salt``.
 """
 
@@ -17,7 +18,7 @@ from vlmcache.cascade import Resolution
 from vlmcache.config import VlmCacheConfig
 from vlmcache.keys import image_uuid, tenant_cache_salt
 from vlmcache.serving.images import png_data_url
-from vlmcache.serving.openai_req import (IMAGE_MARK, MEDIA_MARK, ParsedRequest,
+from vlmcache.serving.openai_req import (IMAGE_MARK, MEDIA_MARK, VIDEO_MARK, ParsedRequest,
                                          decode_transcript)
 from vlmcache.tiers.semantic_text import QUESTION_LAYER
 
@@ -32,6 +33,7 @@ def rewrite_body(req: ParsedRequest, res: Resolution | None,
         _rewrite_text(body, req, res)
     if req.endpoint == "chat":
         _rewrite_images(body, req, res, config)
+        _rewrite_videos(body, req, config)
         _strip_media_uuids(body, req, config)
     body.pop("cache_salt", None)
     if req.tenant is not None:
@@ -100,7 +102,7 @@ def _apply_transcript(messages: list[Any], canonical: list[tuple[str, list[str]]
         if len(texts) != len(content):
             return False
         for j, (part, text) in enumerate(zip(content, texts)):
-            marked = text in (IMAGE_MARK, MEDIA_MARK)
+            marked = text in (IMAGE_MARK, VIDEO_MARK, MEDIA_MARK)
             if _is_text(part):
                 if marked and _text(part) != text:
                     return False
@@ -164,12 +166,30 @@ def _rewrite_images(body: dict[str, Any], req: ParsedRequest, res: Resolution | 
             "type": "image_url", "image_url": {"url": url}, "uuid": uuid}
 
 
+def _rewrite_videos(body: dict[str, Any], req: ParsedRequest,
+                    config: VlmCacheConfig) -> None:
+    """Each video part gets the identity of its sampled frames (tenant-scoped): a re-muxed
+    copy of a clip then reaches vLLM's caches, and ours, as the clip already seen."""
+    for ref in req.videos:
+        part = body["messages"][ref.message]["content"][ref.part]
+        url = part["video_url"]
+        url = url.get("url") if isinstance(url, dict) else url
+        if ref.data_url is not None:
+            url = ref.data_url  # fetched once here: vLLM gets these bytes
+        if config.client_image_uuids == "trust" and ref.client_uuid is not None:
+            uuid = ref.client_uuid
+        else:
+            uuid = image_uuid(config.tenant_salt, req.tenant, ref.content_hash)
+        body["messages"][ref.message]["content"][ref.part] = {
+            "type": "video_url", "video_url": {"url": url}, "uuid": uuid}
+
+
 def _strip_media_uuids(body: dict[str, Any], req: ParsedRequest,
                        config: VlmCacheConfig) -> None:
     """Client uuids on other media parts go: vLLM then hashes their content."""
     if config.client_image_uuids == "trust":
         return
-    ours = {(ref.message, ref.part) for ref in req.images}
+    ours = {(ref.message, ref.part) for ref in (*req.images, *req.videos)}
     for i, msg in enumerate(body["messages"]):
         content = msg.get("content")
         if not isinstance(content, list):

@@ -39,13 +39,13 @@ logger = logging.getLogger(__name__)
 
 PROMPT_LAYER = "embedding:prompt"
 QUESTION_LAYER = "semantic_text"
-_PLACEHOLDER_RE = re.compile(r"<\|?(?:image|img|vision)[^>]*\|?>", re.IGNORECASE)
+_PLACEHOLDER_RE = re.compile(r"<\|?(?:image|img|vision|video)[^>]*\|?>", re.IGNORECASE)
 SAVE_EVERY = 64
 SAVE_INTERVAL_S = 2.0
 
 
 def strip_placeholders(prompt: str) -> str:
-    """The prompt's text with image placeholder tokens removed."""
+    """The prompt's text with image and video placeholder tokens removed."""
     return " ".join(_PLACEHOLDER_RE.sub(" ", prompt).split())
 
 

@@ -1,0 +1,167 @@
+"""Videos of an OpenAI request (``video_url`` parts): decoded once, within limits, into
+the identity of the frames the engine will see.
+
+The front decodes a video with vLLM's own loader and the model's frame sampling
+(:mod:`vlmcache.vllm.video_io`), checks the limits (bytes, frame size, duration, sampled
+frames: a 400 naming the field, 413 for sizes) and names the video by
+:func:`~vlmcache.keys.video_content_hash`. A clip that cannot be decoded is a 400 and
+nothing is cached. Data URLs only, unless the deployment sets ``remote_images: fetch``
+(one policy for every medium); the fetched bytes are what vLLM then gets.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import logging
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from vlmcache.errors import RequestError, RequestTooLarge
+from vlmcache.serving.images import ImageLimits, fetch_image_bytes
+from vlmcache.vllm.video_io import VideoSampling, load_video, probe_video, video_kwargs
+
+logger = logging.getLogger(__name__)
+
+
+class MediaTooLarge(RequestTooLarge):
+    """A medium over one of the front's size limits (answered with a 413)."""
+
+
+@dataclass(frozen=True)
+class VideoLimits:
+    """What the front accepts for one video."""
+
+    max_bytes: int
+    max_frames: int
+    max_pixels: int
+    max_duration_s: float
+    remote: str  # "refuse" | "fetch"
+    timeout_s: float
+
+
+@dataclass(frozen=True)
+class DecodedVideo:
+    """A video as the front keeps it: its identity and shape, not its frames (a minute of
+    frames is hundreds of MB; the identity is all the tiers need)."""
+
+    content_hash: str
+    frames: int
+    width: int
+    height: int
+    duration_s: float
+    data_url: str | None = None  # a fetched remote video, as vLLM will get it
+
+
+class DecodedVideos:
+    """Video URLs already decoded: the same encoded bytes are decoded once (bounded LRU,
+    keyed by the URL text's SHA-256 and the sampling kwargs; remote URLs never)."""
+
+    def __init__(self, max_entries: int = 256) -> None:
+        self.max_entries = max_entries
+        self._items: OrderedDict[bytes, DecodedVideo] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, url: object, field: str, limits: VideoLimits, sampling: VideoSampling,
+            runtime: Mapping[str, Any] | None,
+            processor_kwargs: Mapping[str, Any] | None) -> DecodedVideo:
+        """The decoded video behind ``url`` (from memory when seen before)."""
+        if not isinstance(url, str) or not url:
+            raise RequestError(f"{field}: expected a video URL string")
+        kwargs = video_kwargs(sampling, runtime)
+        key = hashlib.sha256(url.encode("latin-1", "replace")).digest() + json.dumps(
+            [kwargs, dict(processor_kwargs or {}), repr(limits)], sort_keys=True,
+            default=str).encode()
+        with self._lock:
+            hit = self._items.get(key)
+            if hit is not None:
+                self._items.move_to_end(key)
+                return hit
+        video = decode_video_url(url, field, limits, sampling, kwargs, processor_kwargs)
+        if url.startswith("data:"):
+            with self._lock:
+                self._items[key] = video
+                while len(self._items) > self.max_entries:
+                    self._items.popitem(last=False)
+        return video
+
+
+def decode_video_url(url: str, field: str, limits: VideoLimits, sampling: VideoSampling,
+                     kwargs: Mapping[str, Any],
+                     processor_kwargs: Mapping[str, Any] | None) -> DecodedVideo:
+    """Decode and identify one video URL, or raise :class:`RequestError` naming ``field``."""
+    from vlmcache.keys import video_content_hash
+
+    data_url = None
+    if url.startswith("data:"):
+        data = _data_url_bytes(url, field, limits.max_bytes)
+    elif url.startswith(("http://", "https://")):
+        if limits.remote != "fetch":
+            raise RequestError(f"{field}: remote video URLs are not accepted by this server; "
+                               "send the video as a data URL (data:video/mp4;base64,...)")
+        data = fetch_image_bytes(url, field, ImageLimits(
+            limits.max_bytes, limits.max_pixels, limits.remote, limits.timeout_s), "video")
+        data_url = "data:video/mp4;base64," + base64.b64encode(data).decode()
+    else:
+        raise RequestError(f"{field}: unsupported video URL scheme (use a data: URL)")
+    check_container(data, field, limits)
+    try:
+        frames, metadata = load_video(data, sampling, kwargs)
+    except Exception as exc:  # vLLM raises ValueError, cv2.error, RuntimeError, ...
+        raise RequestError(f"{field}: cannot decode the video "
+                           f"({type(exc).__name__}: {str(exc)[:200]})") from None
+    shape = getattr(frames, "shape", ())
+    if len(shape) != 4 or shape[0] < 1:
+        raise RequestError(f"{field}: the video has no decodable frames")
+    _check_decoded(field, limits, int(shape[0]), int(shape[2]), int(shape[1]))
+    return DecodedVideo(video_content_hash(frames, metadata, processor_kwargs),
+                        int(shape[0]), int(shape[2]), int(shape[1]),
+                        float(metadata.get("duration") or 0.0), data_url)
+
+
+def _check_decoded(field: str, limits: VideoLimits, frames: int, width: int,
+                   height: int) -> None:
+    if frames > limits.max_frames:
+        raise MediaTooLarge(f"{field}: the model's sampling takes {frames} frames, more "
+                            f"than the {limits.max_frames}-frame limit (max_video_frames)")
+    if width * height > limits.max_pixels:
+        raise MediaTooLarge(f"{field}: frames are {width}x{height}, more than the "
+                            f"{limits.max_pixels}-pixel limit (max_video_pixels)")
+
+
+def check_container(data: bytes, field: str, limits: VideoLimits) -> None:
+    """Refuse a video whose container states frames too large or a duration too long,
+    before any frame is decoded (a decompression bomb costs nothing to send)."""
+    try:
+        probed = probe_video(data)
+    except Exception as exc:  # cv2.error, ValueError
+        raise RequestError(f"{field}: cannot decode the video ({str(exc)[:200]})") from None
+    if probed is None:  # no OpenCV: the limits are checked on the decoded frames
+        return
+    width, height, count, fps = probed
+    if width * height > limits.max_pixels:
+        raise MediaTooLarge(f"{field}: frames are {width}x{height}, more than the "
+                            f"{limits.max_pixels}-pixel limit (max_video_pixels)")
+    duration = count / fps if fps > 0 and count > 0 else 0.0
+    if duration > limits.max_duration_s:
+        raise MediaTooLarge(f"{field}: the video lasts {duration:.1f} s, longer than the "
+                            f"{limits.max_duration_s:g} s limit (max_video_duration_s)")
+
+
+def _data_url_bytes(url: str, field: str, max_bytes: int) -> bytes:
+    header, sep, payload = url.partition(",")
+    if not sep or not header.endswith(";base64"):
+        raise RequestError(f"{field}: a data URL must be base64 (data:video/...;base64,...)")
+    if header.lower().startswith("data:video/jpeg"):
+        raise RequestError(f"{field}: video/jpeg frame lists are not accepted by the front; "
+                           "send the frames as image parts or the clip as a video file")
+    if len(payload) * 3 // 4 > max_bytes:
+        raise MediaTooLarge(f"{field}: the video is larger than the {max_bytes}-byte limit "
+                            "(max_video_bytes)")
+    try:
+        return base64.b64decode(payload, validate=True)
+    except (ValueError, TypeError) as exc:
+        raise RequestError(f"{field}: invalid base64 video data ({exc})") from None

@@ -1,0 +1,116 @@
+"""vLLM's own video decoding, as the front calls it: the frames the engine will see.
+
+vLLM's chat path decodes a ``video_url`` with ``VideoMediaIO`` (OpenCV by default), the
+deployment's ``--media-io-kwargs`` (merged with a request's ``media_io_kwargs``) and the
+loader backend the model's video processor registers (Qwen3-VL samples by fps, others
+uniformly). The front names a video by those frames, so it must decode exactly as vLLM
+does: this module calls the same classes. Only translation lives here; the limits and
+identity live in :mod:`vlmcache.serving.videos`.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+
+@dataclass(frozen=True)
+class VideoSampling:
+    """How the engine samples a video: the server's ``--media-io-kwargs`` (``video`` and
+    ``image`` entries) and the model's video processor class name (which picks vLLM's
+    loader backend), e.g. ``VideoSampling({"video": {"num_frames": 8}}, None)``."""
+
+    media_io_kwargs: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    video_processor: str | None = None
+
+
+def _video_io_module() -> Any:
+    try:  # vLLM 0.32
+        from vllm.multimodal.media import video as module
+    except ImportError:  # vLLM 0.26 kept the media IO classes beside the loaders
+        from vllm.multimodal import video as module  # type: ignore[no-redef]
+    return module
+
+
+def _image_io_class() -> Any:
+    try:
+        from vllm.multimodal.media.image import ImageMediaIO
+    except ImportError:
+        from vllm.multimodal.image import ImageMediaIO  # type: ignore[no-redef]
+    return ImageMediaIO
+
+
+def video_kwargs(sampling: VideoSampling, runtime: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The ``VideoMediaIO`` kwargs for one request, merged as vLLM merges them (a request's
+    ``num_frames`` drops the server's ``fps`` and the reverse)."""
+    default = dict(sampling.media_io_kwargs.get("video", {}))
+    io_cls = _video_io_module().VideoMediaIO
+    merge = getattr(io_cls, "merge_kwargs", None)
+    merged = merge(default, dict(runtime)) if merge and runtime else {**default, **(runtime or {})}
+    if "video_backend" not in merged and sampling.video_processor:
+        backend = _backend_for(sampling.video_processor)
+        if backend:
+            merged["video_backend"] = backend
+    return merged
+
+
+def _backend_for(video_processor: str) -> str | None:
+    try:
+        from vllm.multimodal.video import get_video_loader_backend_for_processor
+    except ImportError:  # older vLLM: one loader for every model
+        return None
+    return get_video_loader_backend_for_processor(video_processor)
+
+
+def load_video(data: bytes, sampling: VideoSampling,
+               kwargs: Mapping[str, Any]) -> tuple[Any, dict[str, Any]]:
+    """``(frames, metadata)`` of a video's bytes, decoded by vLLM's loader: ``frames`` a
+    ``(T, H, W, 3)`` uint8 array of the sampled frames, ``metadata`` what the model's
+    processor gets (fps, frame indices, duration, ...). Raises what vLLM raises."""
+    module = _video_io_module()
+    image_kwargs = {"image_mode": "RGB", **dict(sampling.media_io_kwargs.get("image", {}))}
+    io = module.VideoMediaIO(_image_io_class()(**image_kwargs), **dict(kwargs))
+    loaded = io.load_bytes(data)
+    frames, metadata = getattr(loaded, "media", loaded)
+    return frames, dict(metadata)
+
+
+@functools.lru_cache(maxsize=8)
+def video_processor_name(model: str) -> str | None:
+    """The model's HF video processor class name, as vLLM resolves it (``None``: none)."""
+    try:
+        from vllm.transformers_utils.processor import (
+            get_video_processor_cls_name_from_config)
+    except ImportError:
+        return None
+    try:
+        return get_video_processor_cls_name_from_config(model)
+    except Exception:  # a model without processor files: vLLM's default loader then
+        return None
+
+
+def probe_video(data: bytes) -> tuple[int, int, float, float] | None:
+    """``(width, height, frame count, fps)`` a video's container states, read without
+    decoding a frame, through the OpenCV stream API vLLM's loader opens; ``None`` when
+    OpenCV is not installed. Raises ``ValueError`` when OpenCV cannot open the bytes."""
+    try:
+        import io
+
+        import cv2
+    except ImportError:
+        return None
+    try:
+        from vllm.multimodal.video_decoders.opencv import OpenCVVideoBackendMixin
+        api = OpenCVVideoBackendMixin.get_cv2_video_api()
+    except ImportError:
+        api = cv2.CAP_ANY
+    stream = io.BytesIO(data)  # held while the capture reads it
+    cap = cv2.VideoCapture(stream, api if api is not None else cv2.CAP_ANY, [])
+    try:
+        if not cap.isOpened():
+            raise ValueError("not a video OpenCV reads")
+        return (int(cap.get(cv2.CAP_PROP_FRAME_WIDTH)), int(cap.get(cv2.CAP_PROP_FRAME_HEIGHT)),
+                float(cap.get(cv2.CAP_PROP_FRAME_COUNT)), float(cap.get(cv2.CAP_PROP_FPS)))
+    finally:
+        cap.release()
