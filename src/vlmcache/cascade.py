@@ -20,6 +20,7 @@ from vlmcache.tiers import calibration
 from vlmcache.tiers.exact import ExactRecord, ExactTextTier
 from vlmcache.tiers.gates import check_paraphrase
 from vlmcache.tiers.image_embedding import ImageEmbeddingTier
+from vlmcache.tiers.video import VideoQuery, VideoTier, canonical_videos
 from vlmcache.tiers.semantic_text import (
     PROMPT_LAYER,
     QUESTION_LAYER,
@@ -34,9 +35,11 @@ logger = logging.getLogger(__name__)
 
 TierStatus = Literal["hit", "miss", "skip"]
 VISION_LAYER = "embedding:vision"
+VIDEO_LAYER = "video:near_duplicate"
 
 #: Status names in the order the cascade consults them (the seeds' log-line order).
-STATUS_ORDER = ("exact_text", VISION_LAYER, PROMPT_LAYER, QUESTION_LAYER, "fusion", "kv_cache")
+STATUS_ORDER = ("exact_text", VISION_LAYER, PROMPT_LAYER, QUESTION_LAYER, VIDEO_LAYER, "fusion",
+                "kv_cache")
 #: The serving front's response tier, asked before the cascade (logged first).
 RESPONSE_TIER = "response"
 
@@ -51,6 +54,7 @@ class CascadeRequest:
     images: tuple[Any, ...] = ()
     question: str | None = None
     video_hashes: tuple[str, ...] = ()
+    videos: tuple[VideoQuery, ...] = ()  # for the near-duplicate video tier
 
     @property
     def question_text(self) -> str:
@@ -89,6 +93,8 @@ class Resolution:
     images: tuple[Any, ...] | None = None
     rewrite: Rewrite | None = None
     video_hashes: tuple[str, ...] = ()
+    video_urls: tuple[str | None, ...] = ()  # canonical videos' URLs (None: as sent)
+    video_distances: tuple[float, ...] = ()
 
     @property
     def rewritten(self) -> bool:
@@ -144,22 +150,31 @@ class Cascade:
     """
 
     def __init__(self, exact: ExactTextTier | None, image: ImageEmbeddingTier | None = None,
-                 text: SemanticTextTier | None = None) -> None:
+                 text: SemanticTextTier | None = None, video: VideoTier | None = None) -> None:
         self.exact = exact
         self.image = image
         self.text = text
+        self.video = video
 
     def resolve(self, prompt: str, image_hashes: Sequence[str], tenant: str | None,
                 *, images: Sequence[Any] = (), question: str | None = None,
-                video_hashes: Sequence[str] = ()) -> Resolution:
+                video_hashes: Sequence[str] = (),
+                videos: Sequence[VideoQuery] = ()) -> Resolution:
         """The request as it should reach vLLM (only side effect: embedding memo).
 
-        Videos are matched exactly, by ``video_hashes`` (their sampled frames): every tier
-        here binds to them, none canonicalizes them."""
+        Videos (``video_hashes``: their sampled frames) are canonicalized first when the
+        video tier verifies a near-duplicate (``videos``); every later tier binds to the
+        canonical identities."""
         req = CascadeRequest(prompt, tuple(image_hashes), tenant, tuple(images), question,
-                             tuple(video_hashes))
-        res = self._resolve(req)
-        return dataclasses.replace(res, video_hashes=req.video_hashes)
+                             tuple(video_hashes), tuple(videos))
+        vids = canonical_videos(self.video, req.videos, req.video_hashes, tenant)
+        res = self._resolve(dataclasses.replace(req, video_hashes=vids.hashes))
+        if self.video is not None:
+            res.statuses[VIDEO_LAYER] = vids.status
+        tier = VIDEO_LAYER if vids.changed and res.hit_tier in (None, "text:exact") \
+            else res.hit_tier
+        return dataclasses.replace(res, hit_tier=tier, video_hashes=vids.hashes,
+                                   video_urls=vids.urls, video_distances=vids.distances)
 
     def _resolve(self, req: CascadeRequest) -> Resolution:
         statuses = self._initial_statuses()
@@ -231,7 +246,7 @@ class Cascade:
         an exact or text record decided it (that record already names the prompt; a GPU
         hit on it would only rewrite the same record and append it to the tier's log, and
         its store keys are not even derived: 41 SHA-256s on a 665-token prompt's return)."""
-        if self.exact is None or res.hit_tier not in (None, VISION_LAYER):
+        if self.exact is None or res.hit_tier not in (None, VISION_LAYER, VIDEO_LAYER):
             return  # nothing would take the keys: they are not derived
         if row_keys.store_keys:
             self.capture(res.prompt, res.media_hashes, tenant, row_keys.store_keys,
@@ -242,7 +257,10 @@ class Cascade:
         if self.image is not None and res.statuses.get(VISION_LAYER) == "miss":
             for image, h in zip(req.images, res.image_hashes):
                 self.image.record(image, h, req.tenant)
-        if self.text is not None and res.hit_tier in (None, VISION_LAYER):
+        if self.video is not None and res.statuses.get(VIDEO_LAYER) == "miss":
+            for video in req.videos:
+                self.video.record(video, req.tenant)
+        if self.text is not None and res.hit_tier in (None, VISION_LAYER, VIDEO_LAYER):
             self.text.record(TextQuery(req.question_text, res.prompt,
                                        image_context(res.media_hashes), req.tenant))
 
@@ -337,7 +355,13 @@ def build_cascade(config: Any, namespace_digest: str) -> Cascade:
                                 facet_threshold=calibration.threshold(  # issue 13
                                     "semantic_facet", config.semantic_facet_threshold,
                                     config.max_false_hit_rate, config.calibration_file))
-    cascade = Cascade(exact, image, text)
+    video = None
+    if config.enable_video_near_duplicates:  # issue 34
+        video = VideoTier(calibration.threshold("image_verify", config.image_verify_threshold,
+                                                config.max_false_hit_rate,
+                                                config.calibration_file),
+                          config.video_store_budget)
+    cascade = Cascade(exact, image, text, video)
     from vlmcache.shared.sync import share_cascade  # issue 14B
 
     share_cascade(cascade, config, namespace_digest)  # issue 14B: no-op without redis_url

@@ -121,6 +121,11 @@ class VlmCacheConfig:
         max_video_pixels: largest video frame (width x height) the front accepts.
         max_video_duration_s: longest video (seconds, as its container states) accepted.
         max_videos_per_request: most videos one request may carry.
+        enable_video_near_duplicates: canonicalize a near-duplicate video (a lossy
+            re-encode, a resized copy) to the one already served, after every frame passes
+            the image verifier in the same order and count (``image_verify_threshold``).
+        video_store_budget: bytes of memory for canonical videos (their frames' thumbnails
+            and bytes; least recently used out, one tenant at most half).
         max_request_bytes: largest request body the front accepts.
         metrics_tenant_label: label metrics by tenant (off: one label for all tenants).
         open_routes: comma-separated server routes the front refuses by default (admin,
@@ -231,6 +236,8 @@ class VlmCacheConfig:
     max_video_pixels: int = 3840 * 2160
     max_video_duration_s: float = 900.0
     max_videos_per_request: int = 2
+    enable_video_near_duplicates: bool = False
+    video_store_budget: int = 256 * 1024**2
     max_request_bytes: int = 64 * 1024**2
     metrics_tenant_label: bool = True
     open_routes: str = ""  # issue 33: default deny on every other route

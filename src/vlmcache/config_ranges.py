@@ -94,6 +94,7 @@ RANGES: dict[str, Range] = {
     "response_max_entry_bytes": _BYTES,
     "max_image_bytes": _BYTES,
     "max_video_bytes": _BYTES,
+    "video_store_budget": _BYTES,
     "max_request_bytes": _BYTES,
     "redis_kv_budget": _BYTES,
     "redis_encoder_budget": _BYTES,

@@ -133,7 +133,8 @@ class CascadeFront:
                 return self.cascade.resolve(
                     req.transcript, req.image_hashes, req.tenant,
                     images=[ref.image for ref in req.images], question=req.question,
-                    video_hashes=req.video_hashes)
+                    video_hashes=req.video_hashes,
+                    videos=[ref.query for ref in req.videos])
         except Exception:
             logger.exception("front: cascade lookup failed; the request goes on as a miss")
             return None
@@ -237,7 +238,8 @@ class CascadeFront:
             self.cascade.record_served(res, req.tenant, report.row_keys, report.prompt_tokens)
             self.cascade.remember(CascadeRequest(
                 req.transcript, res.image_hashes, req.tenant,
-                tuple(ref.image for ref in req.images), req.question, req.video_hashes), res)
+                tuple(ref.image for ref in req.images), req.question, req.video_hashes,
+                tuple(ref.query for ref in req.videos)), res)
 
     def _observe(self, plan: FrontPlan, report: ReuseReport) -> None:
         if self.metrics is not None:

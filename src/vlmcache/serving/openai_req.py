@@ -21,6 +21,7 @@ from vlmcache.config import VlmCacheConfig
 from vlmcache.errors import RequestError
 from vlmcache.serving.images import DecodedImages, ImageLimits
 from vlmcache.serving.videos import DecodedVideos, VideoLimits
+from vlmcache.tiers.video import VideoQuery
 from vlmcache.vllm.video_io import VideoSampling
 
 Endpoint = Literal["chat", "completions"]
@@ -64,14 +65,22 @@ class ImageRef:
 
 @dataclass(frozen=True)
 class VideoRef:
-    """One video of a request: where it is in the body, its identity and shape."""
+    """One video of a request: where it is in the body, what the tiers see of it (its
+    identity, sampling and frame thumbnails) and the URL vLLM gets."""
 
     message: int
     part: int
-    content_hash: str
-    frames: int
-    data_url: str | None = None  # a fetched remote video, as vLLM will get it
+    query: VideoQuery
+    fetched: bool = False  # a remote video the front fetched: ``query.url`` is its data
     client_uuid: str | None = None
+
+    @property
+    def content_hash(self) -> str:
+        return self.query.content_hash
+
+    @property
+    def frames(self) -> int:
+        return self.query.signature.frames
 
 
 @dataclass(frozen=True)
@@ -234,7 +243,10 @@ class _Media:
                                "videos allowed per request (max_videos_per_request)")
         video = DECODED_VIDEOS.get(url, field, _video_limits(self.config), self.sampling,
                                    self.runtime, self.processor_kwargs)
-        self.videos.append(VideoRef(i, j, video.content_hash, video.frames, video.data_url,
+        sent = video.data_url or url
+        assert isinstance(sent, str)  # checked by the decode
+        query = VideoQuery(video.content_hash, video.signature, video.thumbs, sent)
+        self.videos.append(VideoRef(i, j, query, video.data_url is not None,
                                     str(uuid) if uuid is not None else None))
 
 

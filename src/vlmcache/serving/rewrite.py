@@ -33,7 +33,7 @@ def rewrite_body(req: ParsedRequest, res: Resolution | None,
         _rewrite_text(body, req, res)
     if req.endpoint == "chat":
         _rewrite_images(body, req, res, config)
-        _rewrite_videos(body, req, config)
+        _rewrite_videos(body, req, res, config)
         _strip_media_uuids(body, req, config)
     body.pop("cache_salt", None)
     if req.tenant is not None:
@@ -166,20 +166,20 @@ def _rewrite_images(body: dict[str, Any], req: ParsedRequest, res: Resolution | 
             "type": "image_url", "image_url": {"url": url}, "uuid": uuid}
 
 
-def _rewrite_videos(body: dict[str, Any], req: ParsedRequest,
+def _rewrite_videos(body: dict[str, Any], req: ParsedRequest, res: Resolution | None,
                     config: VlmCacheConfig) -> None:
     """Each video part gets the identity of its sampled frames (tenant-scoped): a re-muxed
-    copy of a clip then reaches vLLM's caches, and ours, as the clip already seen."""
-    for ref in req.videos:
-        part = body["messages"][ref.message]["content"][ref.part]
-        url = part["video_url"]
-        url = url.get("url") if isinstance(url, dict) else url
-        if ref.data_url is not None:
-            url = ref.data_url  # fetched once here: vLLM gets these bytes
-        if config.client_image_uuids == "trust" and ref.client_uuid is not None:
+    copy of a clip then reaches vLLM's caches, and ours, as the clip already seen; a
+    verified near-duplicate gets the canonical clip's bytes and identity."""
+    hashes = res.video_hashes if res is not None and res.video_hashes else req.video_hashes
+    urls = res.video_urls if res is not None and res.video_urls else (None,) * len(hashes)
+    for k, ref in enumerate(req.videos):
+        url = urls[k] or ref.query.url  # canonical bytes, or (fetched) the request's own
+        if config.client_image_uuids == "trust" and ref.client_uuid is not None \
+                and urls[k] is None:
             uuid = ref.client_uuid
         else:
-            uuid = image_uuid(config.tenant_salt, req.tenant, ref.content_hash)
+            uuid = image_uuid(config.tenant_salt, req.tenant, hashes[k])
         body["messages"][ref.message]["content"][ref.part] = {
             "type": "video_url", "video_url": {"url": url}, "uuid": uuid}
 

@@ -20,8 +20,11 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Mapping
 
+import numpy as np
+
 from vlmcache.errors import RequestError, RequestTooLarge
 from vlmcache.serving.images import ImageLimits, fetch_image_bytes
+from vlmcache.tiers.video import VideoSignature, video_thumbnails
 from vlmcache.vllm.video_io import VideoSampling, load_video, probe_video, video_kwargs
 
 logger = logging.getLogger(__name__)
@@ -45,24 +48,32 @@ class VideoLimits:
 
 @dataclass(frozen=True)
 class DecodedVideo:
-    """A video as the front keeps it: its identity and shape, not its frames (a minute of
-    frames is hundreds of MB; the identity is all the tiers need)."""
+    """A video as the front keeps it: its identity, sampling and 64 px thumbnails of its
+    frames (what the near-duplicate tier verifies), not the frames (a minute of frames is
+    hundreds of MB)."""
 
     content_hash: str
-    frames: int
+    signature: VideoSignature
+    thumbs: np.ndarray
     width: int
     height: int
     duration_s: float
     data_url: str | None = None  # a fetched remote video, as vLLM will get it
 
+    @property
+    def frames(self) -> int:
+        return self.signature.frames
+
 
 class DecodedVideos:
-    """Video URLs already decoded: the same encoded bytes are decoded once (bounded LRU,
-    keyed by the URL text's SHA-256 and the sampling kwargs; remote URLs never)."""
+    """Video URLs already decoded: the same encoded bytes are decoded once (an LRU bounded
+    by its thumbnails' bytes, keyed by the URL text's SHA-256 and the sampling kwargs;
+    remote URLs never)."""
 
-    def __init__(self, max_entries: int = 256) -> None:
-        self.max_entries = max_entries
+    def __init__(self, max_bytes: int = 64 * 1024**2) -> None:
+        self.max_bytes = max_bytes
         self._items: OrderedDict[bytes, DecodedVideo] = OrderedDict()
+        self._bytes = 0
         self._lock = threading.Lock()
 
     def get(self, url: object, field: str, limits: VideoLimits, sampling: VideoSampling,
@@ -81,11 +92,13 @@ class DecodedVideos:
                 self._items.move_to_end(key)
                 return hit
         video = decode_video_url(url, field, limits, sampling, kwargs, processor_kwargs)
-        if url.startswith("data:"):
+        if url.startswith("data:") and video.thumbs.nbytes <= self.max_bytes:
             with self._lock:
-                self._items[key] = video
-                while len(self._items) > self.max_entries:
-                    self._items.popitem(last=False)
+                if key not in self._items:
+                    self._items[key] = video
+                    self._bytes += video.thumbs.nbytes
+                while self._bytes > self.max_bytes:
+                    self._bytes -= self._items.popitem(last=False)[1].thumbs.nbytes
         return video
 
 
@@ -117,8 +130,10 @@ def decode_video_url(url: str, field: str, limits: VideoLimits, sampling: VideoS
     if len(shape) != 4 or shape[0] < 1:
         raise RequestError(f"{field}: the video has no decodable frames")
     _check_decoded(field, limits, int(shape[0]), int(shape[2]), int(shape[1]))
-    return DecodedVideo(video_content_hash(frames, metadata, processor_kwargs),
-                        int(shape[0]), int(shape[2]), int(shape[1]),
+    signature = VideoSignature(int(shape[0]), tuple(int(i) for i in metadata.get(
+        "frames_indices") or range(int(shape[0]))), float(metadata.get("fps") or 0.0))
+    return DecodedVideo(video_content_hash(frames, metadata, processor_kwargs), signature,
+                        video_thumbnails(frames), int(shape[2]), int(shape[1]),
                         float(metadata.get("duration") or 0.0), data_url)
 
 

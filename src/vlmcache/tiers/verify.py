@@ -142,6 +142,12 @@ def verify(query: Prepared, candidate: Prepared, good_enough: float = 0.0) -> Ve
     return other if other.distance < best.distance else best
 
 
+def aligned_distance(query: np.ndarray, candidate: np.ndarray) -> float:
+    """The distance of two :func:`thumbnail` arrays as they lie (zoom 1, no shift): for
+    frames of two encodings of one video, which a re-encode does not move."""
+    return _distance(query, candidate, 1.0, 0, 0)
+
+
 def _refined(query: np.ndarray, grey_q: np.ndarray, cand: Prepared, zoom: float,
              dx: int, dy: int) -> Verdict:
     """Translation refined at 64 px around the 32 px estimate, then the distance."""

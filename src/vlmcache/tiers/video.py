@@ -1,0 +1,221 @@
+"""Near-duplicate videos (a lossy re-encode, a resized copy): canonicalized only after
+every frame is verified, in the same order and count.
+
+A video's exact identity is its sampled frames (:func:`~vlmcache.keys.video_content_hash`);
+this tier is asked only when that identity is new. A candidate is a canonical video of
+the same tenant whose sampling matched (the same frame count and source frame indices,
+and a frame rate within ``FPS_TOLERANCE``: a processor may read it). It is accepted when
+
+1. every frame's verifier distance to the candidate's frame at the same index
+   (:func:`~vlmcache.tiers.verify.aligned_distance`: pixel-aligned 64 px thumbnails, no
+   registration search, since a re-encode does not move the picture) is at most the
+   threshold: one changed frame, an object appearing in the last frame, or reversed
+   frames fail it;
+2. the frames are not better aligned one step off (frame i nearer the candidate's i+1
+   or i-1, summed over the clip): a clip shifted by one frame fails it, where slow motion
+   keeps each frame within the threshold of its neighbour.
+
+A hit rewrites the request to the canonical clip's own bytes and identity: below this
+tier the engine sees exactly the video the cached KV and encoder outputs were computed for.
+Lookups have no side effects; :meth:`VideoTier.record` makes a served video canonical.
+Memory is bounded (``budget_bytes``, least recently used out; one tenant may hold at most
+half of it).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from vlmcache.tiers.verify import aligned_distance
+
+logger = logging.getLogger(__name__)
+
+#: Frame rates (as containers state them) within this share count as one sampling.
+FPS_TOLERANCE = 0.005
+#: A clip is refused as shifted when one step off is nearer than this share of aligned
+#: (a static clip is as near either way: shifting it changes nothing the model sees).
+SHIFT_MARGIN = 0.5
+#: Canonical videos verified per lookup (the nearest by coarse thumbnails first).
+CANDIDATES = 4
+
+
+@dataclass(frozen=True)
+class VideoSignature:
+    """What the engine's sampling made of a video: frames taken, where from, how fast."""
+
+    frames: int
+    frame_indices: tuple[int, ...]
+    fps: float
+
+    def matches(self, other: "VideoSignature") -> bool:
+        same_rate = abs(self.fps - other.fps) <= FPS_TOLERANCE * max(self.fps, other.fps, 1.0)
+        return (self.frames, self.frame_indices) == (other.frames, other.frame_indices) \
+            and same_rate
+
+
+@dataclass(frozen=True)
+class VideoQuery:
+    """A video as this tier sees it: identity, sampling, per-frame thumbnails
+    (``(T, 3, 64, 64)`` uint8) and the URL that carries its bytes."""
+
+    content_hash: str
+    signature: VideoSignature
+    thumbs: np.ndarray
+    url: str
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.thumbs.nbytes) + len(self.url)
+
+
+@dataclass(frozen=True)
+class VideoMatch:
+    """A verified canonical video: its identity, URL, and the largest frame distance."""
+
+    canonical_hash: str
+    url: str
+    distance: float
+
+
+class VideoTier:
+    """Canonical videos per tenant, with per-frame verification.
+
+    Args:
+        verify_threshold: the largest frame distance a candidate may have (the image
+            tier's calibrated verifier threshold: the same verifier, per frame).
+        budget_bytes: memory for canonical videos (thumbnails and URLs).
+    """
+
+    def __init__(self, verify_threshold: float, budget_bytes: int) -> None:
+        self.verify_threshold = verify_threshold
+        self.budget_bytes = budget_bytes
+        self._entries: OrderedDict[tuple[str | None, str], VideoQuery] = OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()
+
+    def lookup(self, query: VideoQuery, tenant: str | None) -> VideoMatch | None:
+        """The canonical video ``query`` is a verified near-duplicate of, or ``None``."""
+        if (tenant, query.content_hash) in self._entries:
+            return None  # itself canonical: nothing to rewrite
+        for cand in self._candidates(query, tenant):
+            distance = verify_frames(query.thumbs, cand.thumbs, self.verify_threshold)
+            if distance is not None:
+                return VideoMatch(cand.content_hash, cand.url, distance)
+        return None
+
+    def record(self, query: VideoQuery, tenant: str | None) -> bool:
+        """Make ``query`` canonical for ``tenant`` (``False``: larger than a tenant's share)."""
+        key = (tenant, query.content_hash)
+        with self._lock:
+            if key in self._entries:
+                self._entries.move_to_end(key)
+                return True
+            if query.nbytes > self.budget_bytes // 2:
+                return False
+            self._entries[key] = query
+            self._bytes += query.nbytes
+            self._evict(tenant)
+        return True
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def _candidates(self, query: VideoQuery, tenant: str | None) -> list[VideoQuery]:
+        with self._lock:
+            same = [e for (t, _), e in self._entries.items()
+                    if t == tenant and e.signature.matches(query.signature)]
+        coarse = _coarse(query.thumbs)
+        same.sort(key=lambda e: float(np.abs(_coarse(e.thumbs) - coarse).mean()))
+        return same[:CANDIDATES]
+
+    def _evict(self, tenant: str | None) -> None:
+        while self._tenant_bytes(tenant) > self.budget_bytes // 2:
+            self._drop(next(k for k in self._entries if k[0] == tenant))
+        while self._bytes > self.budget_bytes:
+            self._drop(next(iter(self._entries)))
+
+    def _tenant_bytes(self, tenant: str | None) -> int:
+        return sum(e.nbytes for (t, _), e in self._entries.items() if t == tenant)
+
+    def _drop(self, key: tuple[str | None, str]) -> None:
+        self._bytes -= self._entries.pop(key).nbytes
+
+
+def verify_frames(query: np.ndarray, cand: np.ndarray, threshold: float) -> float | None:
+    """The largest per-frame distance if every frame passes and the clip is not better
+    aligned one frame off (module docstring); ``None`` when the candidate is refused."""
+    if query.shape != cand.shape:
+        return None
+    q, c = query.astype(np.float32), cand.astype(np.float32)
+    worst, aligned, off = 0.0, 0.0, [0.0, 0.0]
+    for i in range(len(q)):
+        d = aligned_distance(q[i], c[i])
+        if d > threshold:
+            return None
+        worst, aligned = max(worst, d), aligned + d
+    if len(q) > 1:
+        off[0] = sum(aligned_distance(q[i], c[i + 1]) for i in range(len(q) - 1))
+        off[1] = sum(aligned_distance(q[i + 1], c[i]) for i in range(len(q) - 1))
+        # compared over the same frames: a one-step shift is nearer off than aligned
+        head = aligned - aligned_distance(q[-1], c[-1])
+        tail = aligned - aligned_distance(q[0], c[0])
+        if off[0] < SHIFT_MARGIN * head or off[1] < SHIFT_MARGIN * tail:
+            return None
+    return worst
+
+
+def _coarse(thumbs: np.ndarray) -> np.ndarray:
+    """8x8 block means of every frame: a cheap order for the candidates."""
+    t = thumbs.astype(np.float32)
+    n, ch, h, w = t.shape
+    return t.reshape(n, ch, 8, h // 8, 8, w // 8).mean(axis=(3, 5))
+
+
+def video_thumbnails(frames: Any) -> np.ndarray:
+    """``(T, 3, 64, 64)`` uint8 verifier thumbnails of ``(T, H, W, 3)`` frames."""
+    from PIL import Image
+
+    from vlmcache.tiers.verify import thumbnail
+
+    return np.stack([np.clip(thumbnail(Image.fromarray(np.asarray(f))), 0, 255)
+                     .round().astype(np.uint8) for f in frames])
+
+
+@dataclass(frozen=True)
+class VideoCanon:
+    """A request's videos after the tier: identities to send, canonical URLs where one was
+    matched (``None``: as sent), each match's distance, and the tier's status."""
+
+    hashes: tuple[str, ...]
+    urls: tuple[str | None, ...]
+    distances: tuple[float, ...]
+    status: str  # "hit" | "miss" | "skip"
+
+    @property
+    def changed(self) -> bool:
+        return self.status == "hit"
+
+
+def canonical_videos(tier: VideoTier | None, queries: tuple[VideoQuery, ...],
+                     hashes: tuple[str, ...], tenant: str | None) -> VideoCanon:
+    """Each video replaced by the canonical one it verifies against, where there is one
+    (no side effects). ``skip`` without the tier or videos."""
+    if tier is None or not queries:
+        return VideoCanon(hashes, (), (), "skip")
+    matches = [tier.lookup(q, tenant) for q in queries]
+    if not any(m is not None for m in matches):
+        return VideoCanon(hashes, (), (), "miss")
+    for q, m in zip(queries, matches):
+        if m is not None:
+            logger.info("video tier: %s canonicalized to %s (largest frame distance %.3f)",
+                        q.content_hash[:16], m.canonical_hash[:16], m.distance)
+    return VideoCanon(tuple(m.canonical_hash if m else q.content_hash
+                            for q, m in zip(queries, matches)),
+                      tuple(m.url if m else None for m in matches),
+                      tuple(m.distance if m else 0.0 for m in matches), "hit")
