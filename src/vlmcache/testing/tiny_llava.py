@@ -76,6 +76,7 @@ __all__ = [
     "image_token_count",
     "is_complete_build",
     "make_test_image",
+    "install_build",
     "read_build_info",
 ]
 
@@ -165,6 +166,22 @@ def _params(**kw: Any) -> dict[str, Any]:
     return {"format_version": BUILD_FORMAT_VERSION, **kw}
 
 
+def _check_params(p: dict[str, Any], n_special: int) -> None:
+    """Raise ValueError for build params the tiny models cannot be built with."""
+    if p["image_size"] % p["patch_size"]:
+        raise ValueError(f"image_size {p['image_size']} is not a multiple of patch_size {p['patch_size']}")
+    for what in ("text", "vision"):
+        hidden, heads = p[f"{what}_hidden"], p[f"{what}_heads"]
+        if hidden % heads:
+            raise ValueError(f"{what} hidden size {hidden} not divisible by {heads} heads")
+    if p["text_heads"] % p["text_kv_heads"]:
+        raise ValueError(f"text_heads {p['text_heads']} not divisible by text_kv_heads {p['text_kv_heads']}")
+    if p["dtype"] not in ("float32", "bfloat16", "float16"):
+        raise ValueError(f"unsupported dtype {p['dtype']!r}")
+    if p["vocab_size"] < 256 + n_special + 16:
+        raise ValueError("vocab_size must leave room for 256 byte tokens, specials and merges")
+
+
 def build_tiny_llava(
     out_dir: Path | str,
     *,
@@ -197,18 +214,6 @@ def build_tiny_llava(
     Same parameters -> byte-identical files.
     """
     out_dir = Path(out_dir)
-    if image_size % patch_size:
-        raise ValueError(f"image_size {image_size} is not a multiple of patch_size {patch_size}")
-    for hidden, heads, what in ((text_hidden, text_heads, "text"), (vision_hidden, vision_heads, "vision")):
-        if hidden % heads:
-            raise ValueError(f"{what} hidden size {hidden} not divisible by {heads} heads")
-    if text_heads % text_kv_heads:
-        raise ValueError(f"text_heads {text_heads} not divisible by text_kv_heads {text_kv_heads}")
-    if dtype not in ("float32", "bfloat16", "float16"):
-        raise ValueError(f"unsupported dtype {dtype!r}")
-    if vocab_size < 256 + len(SPECIAL_TOKENS) + 16:
-        raise ValueError("vocab_size must leave room for 256 byte tokens, specials and merges")
-
     params = _params(
         seed=seed, image_size=image_size, patch_size=patch_size,
         text_layers=text_layers, text_hidden=text_hidden, text_heads=text_heads,
@@ -217,33 +222,14 @@ def build_tiny_llava(
         vision_intermediate=vision_intermediate, vocab_size=vocab_size,
         max_position_embeddings=max_position_embeddings, dtype=dtype,
     )
+    _check_params(params, len(SPECIAL_TOKENS))
     if not force and is_complete_build(out_dir, params):
         return out_dir
 
-    out_dir.mkdir(parents=True, exist_ok=True)
-    info = out_dir / BUILD_INFO_FILE
-    if info.exists():
-        info.unlink()  # the build is incomplete until the new info file is written
-
-    with tempfile.TemporaryDirectory(prefix=".tiny-llava-", dir=out_dir) as tmp:
-        tmp_dir = Path(tmp)
-        _build_into(tmp_dir, params)
-        files = sorted(p.name for p in tmp_dir.iterdir() if p.is_file())
-        mode = _default_file_mode()
-        for name in files:
-            os.chmod(tmp_dir / name, mode)  # some writers use mkstemp (0600)
-            os.replace(tmp_dir / name, out_dir / name)
-
-    digests = {name: file_sha256(out_dir / name) for name in files}
-    record = {
-        "params": params,
-        "files": digests,
-        "digest": _combined_digest(digests),
+    return install_build(out_dir, params, _build_into, {
         "image_tokens_per_image": image_token_count(image_size, patch_size),
         "prompt_format": TINY_LLAVA_PROMPT,
-    }
-    _write_text_atomic(info, json.dumps(record, indent=2, sort_keys=True) + "\n")
-    return out_dir
+    })
 
 
 def read_build_info(out_dir: Path | str) -> dict[str, Any] | None:
@@ -268,6 +254,35 @@ def is_complete_build(out_dir: Path | str, params: dict[str, Any]) -> bool:
         if not p.is_file() or file_sha256(p) != digest:
             return False
     return True
+
+
+def install_build(
+    out_dir: Path, params: dict[str, Any], build_into, extra: dict[str, Any]
+) -> Path:
+    """Run ``build_into(tmp_dir, params)`` and move its files into ``out_dir`` with a manifest.
+
+    Shared by the tiny test models: the manifest (``vlmcache_build.json``: ``params``, the
+    sha256 of every file, their combined digest, plus ``extra``) is written last, so a build
+    interrupted half-way is never taken for a complete one by ``is_complete_build``.
+    """
+    out_dir.mkdir(parents=True, exist_ok=True)
+    info = out_dir / BUILD_INFO_FILE
+    if info.exists():
+        info.unlink()  # the build is incomplete until the new info file is written
+
+    with tempfile.TemporaryDirectory(prefix=".tiny-build-", dir=out_dir) as tmp:
+        tmp_dir = Path(tmp)
+        build_into(tmp_dir, params)
+        files = sorted(p.name for p in tmp_dir.iterdir() if p.is_file())
+        mode = _default_file_mode()
+        for name in files:
+            os.chmod(tmp_dir / name, mode)  # some writers use mkstemp (0600)
+            os.replace(tmp_dir / name, out_dir / name)
+
+    digests = {name: file_sha256(out_dir / name) for name in files}
+    record = {"params": params, "files": digests, "digest": _combined_digest(digests), **extra}
+    _write_text_atomic(info, json.dumps(record, indent=2, sort_keys=True) + "\n")
+    return out_dir
 
 
 # --------------------------------------------------------------------------------------
@@ -297,10 +312,15 @@ def _write_text_atomic(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def _chat_template() -> str:
+_IMAGE_PART_TYPES = ("image", "image_url", "image_pil", "image_embeds")
+
+
+def _chat_template(placeholder: str = IMAGE_TOKEN, part_types: tuple[str, ...] = _IMAGE_PART_TYPES) -> str:
     # Renders [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": q}]}]
-    # with add_generation_prompt=True as exactly TINY_LLAVA_PROMPT.format(question=q).
+    # with add_generation_prompt=True as exactly TINY_LLAVA_PROMPT.format(question=q)
+    # (tiny_video passes "<video>" and the video part types: same format otherwise).
     # All literal text is emitted through {{ '...' }} so whitespace control cannot eat it.
+    types = ", ".join(f"'{t}'" for t in part_types)
     return (
         "{%- for message in messages -%}"
         "{%- if message['role'] == 'user' -%}"
@@ -310,8 +330,8 @@ def _chat_template() -> str:
         "{{ message['content'] }}"
         "{%- else -%}"
         "{%- for item in message['content'] -%}"
-        "{%- if item['type'] in ['image', 'image_url', 'image_pil', 'image_embeds'] -%}"
-        "{{ '<image>\\n' }}"
+        "{%- if item['type'] in [" + types + "] -%}"
+        "{{ '" + placeholder + "\\n' }}"
         "{%- endif -%}"
         "{%- endfor -%}"
         "{%- for item in message['content'] -%}"
@@ -331,7 +351,9 @@ def _chat_template() -> str:
     )
 
 
-def _train_tokenizer(vocab_size: int):
+def _train_tokenizer(
+    vocab_size: int, special_tokens: tuple[str, ...] = SPECIAL_TOKENS, corpus: tuple[str, ...] = _CORPUS
+):
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
     tok = Tokenizer(models.BPE(unk_token="<unk>", fuse_unk=False, byte_fallback=False))
@@ -340,17 +362,17 @@ def _train_tokenizer(vocab_size: int):
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
         min_frequency=2,
-        special_tokens=list(SPECIAL_TOKENS),
+        special_tokens=list(special_tokens),
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
     # Repeat the corpus so that frequencies are not all 1-2 (stable merge order).
-    tok.train_from_iterator(list(_CORPUS) * 3, trainer=trainer)
+    tok.train_from_iterator(list(corpus) * 3, trainer=trainer)
     bos_id = tok.token_to_id("<s>")
     tok.post_processor = processors.TemplateProcessing(
         single="<s> $A", pair="<s> $A <s> $B", special_tokens=[("<s>", bos_id)]
     )
-    for i, t in enumerate(SPECIAL_TOKENS):
+    for i, t in enumerate(special_tokens):
         assert tok.token_to_id(t) == i, (t, tok.token_to_id(t))
     return tok
 
@@ -393,33 +415,24 @@ def _to_llava_hf_name(name: str) -> str:
     raise ValueError(f"unexpected LLaVA parameter name: {name}")
 
 
-def _shapes_from_meta_model(config) -> Iterable[tuple[str, tuple[int, ...]]]:
+def _shapes_from_meta_model(config, model_cls=None) -> Iterable[tuple[str, tuple[int, ...]]]:
     import torch
-    from transformers import LlavaForConditionalGeneration
 
+    if model_cls is None:
+        from transformers import LlavaForConditionalGeneration as model_cls
     with torch.device("meta"):
-        model = LlavaForConditionalGeneration(config)
+        model = model_cls(config)
     for name, t in model.state_dict().items():
         yield name, tuple(t.shape)
 
 
-def _build_into(d: Path, p: dict[str, Any]) -> None:
-    import torch
-    from safetensors.torch import save_file
-    from transformers import (
-        CLIPImageProcessorPil,
-        CLIPVisionConfig,
-        GenerationConfig,
-        LlamaConfig,
-        LlavaConfig,
-        LlavaProcessor,
-        PreTrainedTokenizerFast,
-    )
+def _hf_tokenizer(p: dict[str, Any], special_tokens: tuple[str, ...] = SPECIAL_TOKENS,
+                  corpus: tuple[str, ...] = _CORPUS):
+    """(PreTrainedTokenizerFast, {special token: id}, vocab size) for build params ``p``."""
+    from transformers import PreTrainedTokenizerFast
 
-    # --- tokenizer
-    raw_tok = _train_tokenizer(p["vocab_size"])
-    ids = {t: raw_tok.token_to_id(t) for t in SPECIAL_TOKENS}
-    vocab = raw_tok.get_vocab_size(with_added_tokens=True)
+    raw_tok = _train_tokenizer(p["vocab_size"], special_tokens, corpus)
+    ids = {t: raw_tok.token_to_id(t) for t in special_tokens}
     tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=raw_tok,
         bos_token="<s>",
@@ -430,8 +443,13 @@ def _build_into(d: Path, p: dict[str, Any]) -> None:
         padding_side="left",
         clean_up_tokenization_spaces=False,
     )
+    return tokenizer, ids, raw_tok.get_vocab_size(with_added_tokens=True)
 
-    # --- config
+
+def _tower_configs(p: dict[str, Any], vocab: int, ids: dict[str, int]):
+    """(CLIPVisionConfig, LlamaConfig) for build params ``p`` (shared by the tiny models)."""
+    from transformers import CLIPVisionConfig, LlamaConfig
+
     vision_cfg = CLIPVisionConfig(
         hidden_size=p["vision_hidden"],
         intermediate_size=p["vision_intermediate"],
@@ -457,6 +475,44 @@ def _build_into(d: Path, p: dict[str, Any]) -> None:
         pad_token_id=ids["<pad>"],
         tie_word_embeddings=False,
     )
+    return vision_cfg, text_cfg
+
+
+def _save_config(d: Path, config, p: dict[str, Any], ids: dict[str, int], architecture: str) -> None:
+    """Save ``config`` (+ generation_config.json) with the ids and dtype vLLM reads."""
+    from transformers import GenerationConfig
+
+    config.pad_token_id = ids["<pad>"]
+    config.dtype = p["dtype"]
+    config.architectures = [architecture]
+    config.save_pretrained(d)
+    GenerationConfig(
+        bos_token_id=ids["<s>"], eos_token_id=ids["</s>"], pad_token_id=ids["<pad>"]
+    ).save_pretrained(d)
+
+
+def _write_random_weights(d: Path, config, p: dict[str, Any], model_cls=None, rename=None) -> None:
+    """model.safetensors: every tensor of ``model_cls(config)`` from ``_init_tensor``, renamed.
+
+    Deterministic and independent of transformers' init code; fixed metadata and sorted
+    keys make the file byte-identical for the same parameters.
+    """
+    import torch
+    from safetensors.torch import save_file
+
+    rename = rename or _to_llava_hf_name
+    torch_dtype = getattr(torch, p["dtype"])
+    tensors = {}
+    for name, shape in _shapes_from_meta_model(config, model_cls):
+        tensors[rename(name)] = _init_tensor(name, shape, p["seed"]).to(torch_dtype).contiguous()
+    save_file(dict(sorted(tensors.items())), str(d / "model.safetensors"), metadata={"format": "pt"})
+
+
+def _build_into(d: Path, p: dict[str, Any]) -> None:
+    from transformers import CLIPImageProcessorPil, LlavaConfig, LlavaProcessor
+
+    tokenizer, ids, vocab = _hf_tokenizer(p)
+    vision_cfg, text_cfg = _tower_configs(p, vocab, ids)
     config = LlavaConfig(
         vision_config=vision_cfg,
         text_config=text_cfg,
@@ -467,22 +523,8 @@ def _build_into(d: Path, p: dict[str, Any]) -> None:
         projector_hidden_act="gelu",
         tie_word_embeddings=False,
     )
-    config.pad_token_id = ids["<pad>"]
-    config.dtype = p["dtype"]
-    config.architectures = ["LlavaForConditionalGeneration"]
-    config.save_pretrained(d)
-    GenerationConfig(
-        bos_token_id=ids["<s>"], eos_token_id=ids["</s>"], pad_token_id=ids["<pad>"]
-    ).save_pretrained(d)
-
-    # --- weights (deterministic, independent of transformers' init code)
-    torch_dtype = getattr(torch, p["dtype"])
-    tensors = {}
-    for name, shape in _shapes_from_meta_model(config):
-        tensors[_to_llava_hf_name(name)] = (
-            _init_tensor(name, shape, p["seed"]).to(torch_dtype).contiguous()
-        )
-    save_file(dict(sorted(tensors.items())), str(d / "model.safetensors"), metadata={"format": "pt"})
+    _save_config(d, config, p, ids, "LlavaForConditionalGeneration")
+    _write_random_weights(d, config, p)
 
     # --- processor (image processor + tokenizer + chat template)
     image_processor = CLIPImageProcessorPil(
