@@ -103,8 +103,8 @@ class ReuseReport:
             request's own (L2 vision); empty when the images were sent as they were.
         image_similarity: the score of each canonical image's match.
         gate_refused: similarity hits the paraphrase gate refused, with the reason.
-        videos: each video's identity (BLAKE3 of its sampled frames and their metadata),
-            under which every tier matched it exactly.
+        videos: the identity each video was sent under (BLAKE3 of its sampled frames and
+            their metadata; a verified near-duplicate's canonical clip's).
         video_frames: frames the model's sampling took from each video.
         latency_s: request latency (engine queue to last token).
         ttft_s: time to first token, where vLLM reports it.

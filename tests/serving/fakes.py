@@ -99,26 +99,15 @@ def clip_frames(seed: int = 0, n: int = 12, h: int = 64, w: int = 96):
     return frames
 
 
-def clip_bytes(frames, fourcc: str = "FFV1", ext: str = ".mkv", fps: float = 10.0) -> bytes:
-    """The frames as a video file (OpenCV's writer; FFV1, HFYU, 'PNG ' are lossless)."""
-    import os
-    import tempfile
+def clip_bytes(frames, codec: str = "ffv1", fps: float = 10.0) -> bytes:
+    """The frames as a video file (``vlmcache.testing.clips`` presets; ffv1, huffyuv and
+    png are lossless)."""
+    from vlmcache.testing.clips import write_clip
 
-    import cv2
-
-    with tempfile.TemporaryDirectory() as d:
-        path = os.path.join(d, "clip" + ext)
-        h, w = frames.shape[1:3]
-        writer = cv2.VideoWriter(path, cv2.VideoWriter_fourcc(*fourcc), fps, (w, h))
-        assert writer.isOpened(), f"no {fourcc} writer"
-        for frame in frames:
-            writer.write(cv2.cvtColor(frame, cv2.COLOR_RGB2BGR))
-        writer.release()
-        with open(path, "rb") as f:
-            return f.read()
+    return write_clip(None, frames, fps, codec)
 
 
-def video_url(data: bytes, mime: str = "video/x-matroska") -> str:
+def video_url(data: bytes, mime: str = "video/x-msvideo") -> str:
     return f"data:{mime};base64," + base64.b64encode(data).decode()
 
 

@@ -29,8 +29,8 @@ def _hash(data: bytes, sampling: VideoSampling = EIGHT, **body_extra) -> str:
 
 def test_the_same_frames_in_another_lossless_container_have_one_identity():
     frames = clip_frames()
-    mkv, avi, png = (clip_bytes(frames, "FFV1", ".mkv"), clip_bytes(frames, "HFYU", ".avi"),
-                     clip_bytes(frames, "PNG ", ".avi"))
+    mkv, avi, png = (clip_bytes(frames, "ffv1-mp4"), clip_bytes(frames, "huffyuv"),
+                     clip_bytes(frames, "png"))
     assert len({mkv, avi, png}) == 3
     assert _hash(mkv) == _hash(avi) == _hash(png)
 
@@ -47,7 +47,7 @@ def test_a_changed_clip_is_another_video(edit):
         other = np.concatenate([frames[1:], frames[-1:]])
     elif edit == "trimmed":
         other = frames[:-2].copy()
-    data = clip_bytes(other, "mp4v", ".mp4") if edit == "lossy" else clip_bytes(other)
+    data = clip_bytes(other, "mp4v") if edit == "lossy" else clip_bytes(other)
     assert _hash(data) != _hash(clip_bytes(frames))
 
 
@@ -62,7 +62,7 @@ def test_sampling_decides_the_identity_as_the_engine_samples():
 
 def test_repeats_hit_the_response_and_exact_tiers_and_tenants_never_share(tmp_path):
     rig = Rig(tmp_path)
-    mkv, avi = clip_bytes(clip_frames(), "FFV1", ".mkv"), clip_bytes(clip_frames(), "HFYU", ".avi")
+    mkv, avi = clip_bytes(clip_frames(), "ffv1"), clip_bytes(clip_frames(), "huffyuv")
     first = rig.post(video_chat("What moves?", mkv, tenant="A"))
     assert first.status_code == 200, first.text
     report = first.json()["vlmcache"]
@@ -140,3 +140,21 @@ def test_a_video_part_with_only_a_uuid_is_refused(tmp_path):
     body["messages"][0]["content"][0] = {"type": "video_url", "uuid": "x"}
     r = rig.post(body)
     assert r.status_code == 400 and "must carry the video" in r.json()["error"]["message"]
+
+
+def test_requests_whose_media_the_front_minted_are_marked_scoped(tmp_path):
+    """vLLM hashes --media-io-kwargs into the uuid: the encoder-output tier may store the
+    result only when the front minted every medium of the request."""
+    rig = Rig(tmp_path)
+    data = clip_bytes(clip_frames())
+    rig.post(video_chat("What moves?", data, tenant="A"))
+    audio = video_chat("What is said?", data, tenant="A")
+    audio["messages"][0]["content"].append({"type": "input_audio", "input_audio": {
+        "data": "AAAA", "format": "wav"}})
+    rig.post(audio)
+    flags = [b["kv_transfer_params"]["vlmcache"].get("scoped_media") for b in rig.engine.bodies]
+    assert flags == [True, None]
+    (tmp_path / "trust").mkdir()
+    trusting = Rig(tmp_path / "trust", client_image_uuids="trust")
+    trusting.post(video_chat("What moves?", data, tenant="A"))
+    assert "scoped_media" not in trusting.engine.bodies[0]["kv_transfer_params"]["vlmcache"]

@@ -73,16 +73,21 @@ def test_non_tensor_outputs_are_not_stored():
     assert store.data == {}
 
 
-def test_identities_not_minted_by_vlmcache_are_never_stored_or_loaded():
+def test_identities_not_scoped_by_vlmcache_are_never_stored():
     """vLLM's own image hash and client uuids ignore the tenant: storing an encoder output
-    under one would let another tenant load it (issue 12's cross-tenant leak)."""
+    under one would let another tenant load it (issue 12's cross-tenant leak). One vLLM
+    derived from a minted uuid (hashing in --media-io-kwargs) is stored when the front
+    said so (``scoped``)."""
     store = Store()
     saver = EncoderTransfer(store, "ns", "cpu")
     for ident in ("img-shared-1", "3f" * 32, "vlmc-not-hex", A[:-1]):
         saver.save({ident: torch.ones(4, 2)}, ident)
     assert store.data == {} and saver.saved == 0
-    planner = EncoderPlanner("ns", lambda key: True)  # a store that has everything
-    assert not planner.has("img-shared-1") and planner.has(A)
+    saver.save({"3f" * 32: torch.ones(4, 2)}, "3f" * 32, scoped=True)
+    assert saver.saved == 1
+    # a lookup finds only what was stored: nothing unscoped ever is
+    planner = EncoderPlanner("ns", lambda key: key in store.data)
+    assert planner.has("3f" * 32) and not planner.has("img-shared-1")
     planner.on_allocated("r", "img-shared-1", 4)
     assert planner.take_loads() == ()
 

@@ -228,7 +228,10 @@ class CascadeFront:
                               latency_s=time.perf_counter() - plan.started,
                               enabled=not plan.request.options.bypass)
         statuses = {RESPONSE_TIER: plan.response_status, **report.statuses}
-        return dataclasses.replace(report, statuses=statuses, videos=plan.request.video_hashes,
+        res = plan.resolution  # canonical videos where the video tier matched
+        videos = res.video_hashes if res is not None and res.video_hashes \
+            else plan.request.video_hashes
+        return dataclasses.replace(report, statuses=statuses, videos=videos,
                                    video_frames=plan.request.video_frames)
 
     def _remember(self, req: ParsedRequest, res: Resolution, report: ReuseReport) -> None:

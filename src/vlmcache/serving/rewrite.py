@@ -38,7 +38,7 @@ def rewrite_body(req: ParsedRequest, res: Resolution | None,
     body.pop("cache_salt", None)
     if req.tenant is not None:
         body["cache_salt"] = tenant_cache_salt(config.tenant_salt, req.tenant)
-    body["kv_transfer_params"] = _transfer_params(body.get("kv_transfer_params"), req)
+    body["kv_transfer_params"] = _transfer_params(body.get("kv_transfer_params"), req, config)
     return body
 
 
@@ -60,15 +60,28 @@ def bind_tenant(body: dict[str, Any], tenant: str | None,
     return out
 
 
-def _transfer_params(sent: object, req: ParsedRequest) -> dict[str, Any]:
+def _transfer_params(sent: object, req: ParsedRequest,
+                     config: VlmCacheConfig) -> dict[str, Any]:
     """``kv_transfer_params`` for vLLM: the client's other keys, and a ``vlmcache`` entry
     that is ours alone (a client cannot charge its bytes to another tenant)."""
     params = dict(sent) if isinstance(sent, dict) else {}
     ours: dict[str, Any] = {"bypass": req.options.bypass}
     if req.tenant is not None:
         ours["tenant"] = req.tenant
+    if scoped_media(req, config):
+        ours["scoped_media"] = True
     params["vlmcache"] = ours
     return params
+
+
+def scoped_media(req: ParsedRequest, config: VlmCacheConfig) -> bool:
+    """Whether the front minted every medium of ``req``: then each identifier vLLM derives
+    for them (hashing in ``--media-io-kwargs``) is tenant-scoped, and the encoder-output
+    tier may store it. Not with trusted client uuids, nor with other media (audio,
+    embeddings: ``MEDIA_MARK``) that vLLM names by content."""
+    if req.endpoint != "chat" or not (req.images or req.videos) or req.transcript is None:
+        return False
+    return config.client_image_uuids != "trust" and MEDIA_MARK not in req.transcript
 
 
 def _rewrite_text(body: dict[str, Any], req: ParsedRequest, res: Resolution) -> None:

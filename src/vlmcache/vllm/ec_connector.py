@@ -56,8 +56,18 @@ class VlmCacheECMetadata(ECConnectorMetadata):
 
     loads: tuple[EncoderLoad, ...]
     tenants: tuple[tuple[str, str], ...] = ()
+    #: identifiers vLLM derived from identities vlmcache minted (storable: tenant-scoped)
+    scoped: tuple[str, ...] = ()
     #: the step's ``scheduled_encoder_inputs`` (the same object): where failed loads go
     encode_inputs: dict[str, list[int]] = field(default_factory=dict)
+
+
+def request_scoped_media(request: Any) -> bool:
+    """Whether the serving front minted every medium of the request (so each identifier
+    vLLM derives for it is tenant-scoped, whatever kwargs vLLM hashed in)."""
+    params = getattr(request, "kv_transfer_params", None) or {}
+    ours = params.get(PARAMS_KEY) if isinstance(params, dict) else None
+    return isinstance(ours, dict) and ours.get("scoped_media") is True
 
 
 def request_tenant(request: Any) -> str | None:
@@ -95,6 +105,7 @@ class VlmCacheECConnector(ECConnectorBase):
         device = vllm_config.ec_transfer_config.ec_buffer_device or "cpu"
         self._transfer = EncoderTransfer(self._store, namespace.digest, device)
         self._step_tenants: dict[str, str] = {}
+        self._step_scoped: set[str] = set()
         self._encoded_instead: list[tuple[str, str, int]] = []
 
     # ---- worker side -------------------------------------------------------------------
@@ -118,8 +129,10 @@ class VlmCacheECConnector(ECConnectorBase):
     def save_caches(self, encoder_cache: dict[str, Any], mm_hash: str, **kwargs: Any) -> None:
         if self._config.enable_encoder_cache:
             meta = getattr(self, "_connector_metadata", None)  # bound for this step
-            tenants = dict(meta.tenants) if isinstance(meta, VlmCacheECMetadata) else {}
-            self._transfer.save(encoder_cache, mm_hash, tenants.get(mm_hash))
+            ours = isinstance(meta, VlmCacheECMetadata)
+            tenants = dict(meta.tenants) if ours else {}
+            self._transfer.save(encoder_cache, mm_hash, tenants.get(mm_hash),
+                                scoped=ours and mm_hash in meta.scoped)
 
     def shutdown(self) -> None:
         self._store.flush()
@@ -134,6 +147,8 @@ class VlmCacheECConnector(ECConnectorBase):
         tenant = request_tenant(request)
         if tenant is not None:
             self._step_tenants[feature.identifier] = tenant
+        if request_scoped_media(request):
+            self._step_scoped.add(feature.identifier)
         self._planner.on_allocated(request.request_id, feature.identifier,
                                    request.get_num_encoder_embeds(index), index)
 
@@ -144,8 +159,9 @@ class VlmCacheECConnector(ECConnectorBase):
         for request_id, input_ids in computed.items():
             self._planner.on_computed(request_id, list(input_ids))
         tenants, self._step_tenants = tuple(self._step_tenants.items()), {}
+        scoped, self._step_scoped = tuple(sorted(self._step_scoped)), set()
         return VlmCacheECMetadata(loads=self._planner.take_loads(), tenants=tenants,
-                                  encode_inputs=computed)
+                                  scoped=scoped, encode_inputs=computed)
 
     def update_connector_output(self, connector_output: Any) -> None:
         meta = getattr(connector_output, "ec_connector_worker_meta", None)

@@ -2,10 +2,14 @@
 
 An image's encoder output (what the projector hands the language model) is stored under
 :func:`~vlmcache.keys.encoder_output_key` of the engine's namespace and vLLM's identifier
-for the image. Only identifiers vlmcache minted (``vlmc-...``, from pixels and tenant:
-:func:`~vlmcache.keys.image_uuid`, sent by ``CachedLLM`` and the serving front) are stored
-or loaded: vLLM's own image hash ignores the tenant, so an output stored under it would
-serve every tenant.
+for the image. Only outputs of identifiers vlmcache scoped to a tenant are stored: those it
+minted (``vlmc-...``, from pixels and tenant: :func:`~vlmcache.keys.image_uuid`, sent by
+``CachedLLM`` and the serving front), and those vLLM derived from them (with
+``--media-io-kwargs`` or processor kwargs set, vLLM hashes the uuid with them: the front
+marks such requests ``scoped_media`` when it minted every medium in them). vLLM's own hash
+of a medium's bytes ignores the tenant, so an output stored under it would serve every
+tenant: it is never stored. A lookup finds only what was stored, so it needs no such check
+(an identifier vLLM hashed from content cannot equal one it hashed from a minted uuid).
 
 A promise the worker cannot keep is an encode, never a dead engine. The scheduler promises
 an output (``has``) after reading and verifying it into *its* memory copy; under vLLM's
@@ -82,8 +86,7 @@ class EncoderPlanner:
     def has(self, identifier: str) -> bool:
         """Whether the stored output is present *and verified* in this process (a promise
         the worker then fails to keep is encoded instead: :func:`encode_instead`)."""
-        return self._enabled and is_minted_image_uuid(identifier) \
-            and self._available(self.key(identifier))
+        return self._enabled and self._available(self.key(identifier))
 
     def on_allocated(self, request_id: str, identifier: str, num_embeds: int,
                      input_id: int = -1) -> None:
@@ -172,9 +175,10 @@ class EncoderTransfer:
         return failed
 
     def save(self, encoder_cache: Mapping[str, object], identifier: str,
-             tenant: str | None = None) -> None:
-        """Persist the output of a vlmcache-minted image identity, charged to ``tenant``."""
-        if not is_minted_image_uuid(identifier):
+             tenant: str | None = None, scoped: bool = False) -> None:
+        """Persist the output of a tenant-scoped identity (minted by vlmcache, or
+        ``scoped``: derived by vLLM from minted ones), charged to ``tenant``."""
+        if not (scoped or is_minted_image_uuid(identifier)):
             return  # not tenant-scoped (vLLM's own hash, or a client's): never persisted
         output = encoder_cache.get(identifier)
         if not isinstance(output, torch.Tensor):

@@ -1,0 +1,91 @@
+"""The near-duplicate video tier: per-frame verification, same order and count."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from vlmcache.testing.clips import synthetic_frames, write_clip
+from vlmcache.tiers.video import (VideoQuery, VideoSignature, VideoTier, canonical_videos,
+                                  video_thumbnails)
+from vlmcache.vllm.video_io import VideoSampling, load_video
+
+THRESHOLD = 0.17  # the shipped image-verifier calibration
+
+
+def _query(frames: np.ndarray, codec: str = "ffv1", name: str = "a", n: int = 8) -> VideoQuery:
+    data = write_clip(None, frames, 4.0, codec)
+    decoded, meta = load_video(data, VideoSampling(), {"num_frames": n})
+    sig = VideoSignature(len(decoded), tuple(meta["frames_indices"]), float(meta["fps"]))
+    return VideoQuery(f"{name}-{codec}", sig, video_thumbnails(decoded), f"data:{name}")
+
+
+@pytest.fixture(scope="module")
+def clip() -> np.ndarray:
+    return synthetic_frames(3, n=16)
+
+
+@pytest.fixture
+def tier(clip) -> VideoTier:
+    tier = VideoTier(THRESHOLD, 64 * 1024**2)
+    assert tier.record(_query(clip), "t")
+    return tier
+
+
+@pytest.mark.parametrize("codec", ["mp4v", "mjpg"])
+def test_a_lossy_re_encode_is_verified_frame_by_frame(tier, clip, codec):
+    match = tier.lookup(_query(clip, codec), "t")
+    assert match is not None and match.canonical_hash == "a-ffv1" and match.url == "data:a"
+    assert 0 < match.distance <= THRESHOLD
+
+
+def test_a_resized_copy_is_verified(tier, clip):
+    import cv2
+
+    bigger = np.stack([cv2.resize(f, (192, 192), interpolation=cv2.INTER_AREA) for f in clip])
+    assert tier.lookup(_query(bigger, "mp4v"), "t") is not None
+
+
+def _edited(clip: np.ndarray, edit: str) -> np.ndarray:
+    out = clip.copy()
+    if edit == "one_frame":
+        out[6, 20:70, 20:70] = (255, 255, 0)  # a frame the sampling takes (0, 2, 4, 6, ...)
+    elif edit == "object_in_last_frame":
+        out[-1, 90:120, 90:120] = (10, 250, 10)
+    elif edit == "reversed":
+        out = clip[::-1].copy()
+    elif edit == "shifted":
+        out = np.concatenate([clip[1:], clip[-1:]])
+    elif edit == "trimmed":
+        out = clip[:-3].copy()
+    elif edit == "other_clip":
+        out = synthetic_frames(4, n=16)
+    return out
+
+
+@pytest.mark.parametrize("edit", ["one_frame", "object_in_last_frame", "reversed", "shifted",
+                                  "trimmed", "other_clip"])
+@pytest.mark.parametrize("codec", ["ffv1", "mp4v"])
+def test_a_changed_clip_is_never_canonicalized(tier, clip, edit, codec):
+    assert tier.lookup(_query(_edited(clip, edit), codec, name=edit), "t") is None
+
+
+def test_tenants_are_apart_and_lookups_have_no_side_effects(tier, clip):
+    query = _query(clip, "mp4v")
+    assert tier.lookup(query, "other") is None
+    assert len(tier) == 1 and tier.lookup(query, "t") is not None and len(tier) == 1
+    canon = canonical_videos(tier, (query,), (query.content_hash,), "t")
+    assert canon.changed and canon.hashes == ("a-ffv1",) and canon.urls == ("data:a",)
+    assert canonical_videos(tier, (query,), (query.content_hash,), "other").status == "miss"
+    assert canonical_videos(None, (query,), (query.content_hash,), "t").status == "skip"
+
+
+def test_memory_is_bounded_and_one_tenant_holds_at_most_half(clip):
+    one = _query(clip)
+    tier = VideoTier(THRESHOLD, 4 * one.nbytes + 10)
+    for k in range(5):
+        tier.record(VideoQuery(f"a{k}", one.signature, one.thumbs, "u"), "flood")
+    tier.record(VideoQuery("b", one.signature, one.thumbs, "u"), "quiet")
+    flood = [h for (t, h) in tier._entries if t == "flood"]
+    assert flood == ["a3", "a4"] and ("quiet", "b") in tier._entries
+    assert tier._bytes <= tier.budget_bytes
