@@ -242,7 +242,8 @@ class _Media:
             raise RequestError(f"{field}: more than the {self.config.max_videos_per_request} "
                                "videos allowed per request (max_videos_per_request)")
         video = DECODED_VIDEOS.get(url, field, _video_limits(self.config), self.sampling,
-                                   self.runtime, self.processor_kwargs)
+                                   self.runtime, self.processor_kwargs,
+                                   thumbs=self.config.enable_video_near_duplicates)
         sent = video.data_url or url
         assert isinstance(sent, str)  # checked by the decode
         query = VideoQuery(video.content_hash, video.signature, video.thumbs, sent)

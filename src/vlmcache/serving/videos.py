@@ -30,6 +30,9 @@ from vlmcache.vllm.video_io import VideoSampling, load_video, probe_video, video
 logger = logging.getLogger(__name__)
 
 
+_NO_THUMBS = np.zeros((0, 3, 64, 64), np.uint8)
+
+
 class MediaTooLarge(RequestTooLarge):
     """A medium over one of the front's size limits (answered with a 413)."""
 
@@ -77,34 +80,42 @@ class DecodedVideos:
         self._lock = threading.Lock()
 
     def get(self, url: object, field: str, limits: VideoLimits, sampling: VideoSampling,
-            runtime: Mapping[str, Any] | None,
-            processor_kwargs: Mapping[str, Any] | None) -> DecodedVideo:
-        """The decoded video behind ``url`` (from memory when seen before)."""
+            runtime: Mapping[str, Any] | None, processor_kwargs: Mapping[str, Any] | None,
+            thumbs: bool = True) -> DecodedVideo:
+        """The decoded video behind ``url`` (from memory when seen before); ``thumbs``:
+        with its frames' thumbnails (only the near-duplicate tier needs them: ~0.6 ms a
+        frame)."""
         if not isinstance(url, str) or not url:
             raise RequestError(f"{field}: expected a video URL string")
         kwargs = video_kwargs(sampling, runtime)
         key = hashlib.sha256(url.encode("latin-1", "replace")).digest() + json.dumps(
-            [kwargs, dict(processor_kwargs or {}), repr(limits)], sort_keys=True,
+            [kwargs, dict(processor_kwargs or {}), repr(limits), thumbs], sort_keys=True,
             default=str).encode()
         with self._lock:
             hit = self._items.get(key)
             if hit is not None:
                 self._items.move_to_end(key)
                 return hit
-        video = decode_video_url(url, field, limits, sampling, kwargs, processor_kwargs)
-        if url.startswith("data:") and video.thumbs.nbytes <= self.max_bytes:
+        video = decode_video_url(url, field, limits, sampling, kwargs, processor_kwargs,
+                                 thumbs)
+        if url.startswith("data:") and _cost(video) <= self.max_bytes:
             with self._lock:
                 if key not in self._items:
                     self._items[key] = video
-                    self._bytes += video.thumbs.nbytes
+                    self._bytes += _cost(video)
                 while self._bytes > self.max_bytes:
-                    self._bytes -= self._items.popitem(last=False)[1].thumbs.nbytes
+                    self._bytes -= _cost(self._items.popitem(last=False)[1])
         return video
 
 
+def _cost(video: DecodedVideo) -> int:
+    """What a memoized video costs: its thumbnails and a kilobyte for the rest."""
+    return int(video.thumbs.nbytes) + 1024
+
+
 def decode_video_url(url: str, field: str, limits: VideoLimits, sampling: VideoSampling,
-                     kwargs: Mapping[str, Any],
-                     processor_kwargs: Mapping[str, Any] | None) -> DecodedVideo:
+                     kwargs: Mapping[str, Any], processor_kwargs: Mapping[str, Any] | None,
+                     thumbs: bool = True) -> DecodedVideo:
     """Decode and identify one video URL, or raise :class:`RequestError` naming ``field``."""
     from vlmcache.keys import video_content_hash
 
@@ -133,7 +144,8 @@ def decode_video_url(url: str, field: str, limits: VideoLimits, sampling: VideoS
     signature = VideoSignature(int(shape[0]), tuple(int(i) for i in metadata.get(
         "frames_indices") or range(int(shape[0]))), float(metadata.get("fps") or 0.0))
     return DecodedVideo(video_content_hash(frames, metadata, processor_kwargs), signature,
-                        video_thumbnails(frames), int(shape[2]), int(shape[1]),
+                        video_thumbnails(frames) if thumbs else _NO_THUMBS,
+                        int(shape[2]), int(shape[1]),
                         float(metadata.get("duration") or 0.0), data_url)
 
 

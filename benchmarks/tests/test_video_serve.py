@@ -1,0 +1,64 @@
+"""The video serving benchmark's pieces that need no server."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from vlmcache_lab.video_serve import (_on_line, answers_equal, body, make_server, summarize,
+                                      vllm_flags)
+
+ARGS = SimpleNamespace(model="/m", frames=8, step=2, stream_requests=3, text_before_video=4,
+                       max_tokens=8, max_model_len=2048, dummy_weights=False)
+
+
+def _row(e2e, ttft, cached=0, text="a", report=None):
+    return {"e2e_ms": e2e, "ttft_ms": ttft, "cached_tokens": cached, "prompt_tokens": 540,
+            "text": text, "report": report}
+
+
+def test_plain_gets_the_same_vllm_flags_without_the_front(tmp_path):
+    plain = make_server("plain", ARGS, tmp_path, "p")
+    ours = make_server("ours", ARGS, tmp_path, "o")
+    assert plain.argv[1:3] == ["-m", "vllm.entrypoints.openai.api_server"]
+    assert "--middleware" not in plain.argv and "--vlmcache-set" not in plain.argv
+    for flag in vllm_flags(ARGS):
+        assert flag in plain.argv and flag in ours.argv
+    assert '{"video": {"num_frames": 8}}' in plain.argv
+
+
+def test_stream_lines_give_ttft_text_usage_and_the_report():
+    row = {"ttft_ms": None, "text": "", "report": None, "cached_tokens": 0, "prompt_tokens": 0}
+    _on_line(row, 'data: {"choices": [{"delta": {"role": "assistant", "content": ""}}]}', 0.0)
+    assert row["ttft_ms"] is None  # the role chunk is not a token
+    _on_line(row, 'data: {"choices": [{"delta": {"content": "red"}}]}', 0.0)
+    _on_line(row, 'data: {"choices": [], "usage": {"prompt_tokens": 540, '
+                  '"prompt_tokens_details": {"cached_tokens": 512}}}', 0.0)
+    _on_line(row, 'data: {"vlmcache": {"hit_tier": "response"}}', 0.0)
+    _on_line(row, "data: [DONE]", 0.0)
+    assert row["text"] == "red" and row["ttft_ms"] is not None
+    assert (row["prompt_tokens"], row["cached_tokens"]) == (540, 512)
+    assert row["report"] == {"hit_tier": "response"}
+
+
+def test_summary_fields_and_frames_reused_count_whole_frames_past_the_text():
+    report = {"images_loaded": 1, "tokens_loaded": 512, "hit_tier": None}
+    rows = {"miss": [_row(100, 50), _row(120, 60)],
+            "reencoded": [_row(30, 10, 512, report=report)] * 2,
+            "restart_followup": [_row(40, 20, 512, report=report)] * 2,
+            "stream": [_row(100, 50), _row(90, 45, 4 + 64 * 5 + 10), _row(90, 40, 3)]}
+    out = summarize(rows, ARGS, 64)
+    assert out["miss_ms"] == 110 and out["reencoded_ms"] == 30
+    assert out["encoder_outputs_loaded"] == 2 and out["tokens_loaded"] == 1024
+    assert out["stream"]["frames_reused"] == [5, 0] and out["stream"]["ttft_p50_ms"] == 42.5
+
+
+def test_answers_equal_per_phase_and_the_request_body():
+    ours = {p: [_row(1, 1, text="x"), _row(1, 1, text="y")]
+            for p in ("miss", "reencoded", "restart_followup")}
+    plain = {p: [_row(1, 1, text="x"), _row(1, 1, text="z")]
+             for p in ("miss", "reencoded", "restart_followup")}
+    assert answers_equal(ours, plain) == {"miss": 0.5, "reencoded": 0.5,
+                                          "restart_followup": 0.5}
+    b = body(ARGS, b"clip", "mp4v", "q?", "acme")
+    part = b["messages"][0]["content"][0]
+    assert part["video_url"]["url"].startswith("data:video/mp4;base64,") and b["stream"]

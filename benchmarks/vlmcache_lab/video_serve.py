@@ -1,0 +1,295 @@
+"""Video through ``vlmcache serve`` beside plain vLLM's OpenAI server, the same vLLM flags.
+
+One server at a time (plain first, then ours, each started, measured, restarted on its own
+store, measured again, stopped): on a CPU both cannot run at once without taking each
+other's cores. Per server, streamed requests one at a time (latency, not load):
+
+- ``miss``: a clip asked for the first time (``--clips`` clips, mp4v);
+- ``reencoded``: the same clip re-encoded by another codec (MJPG), the same question;
+- ``stream``: a live feed: the last ``--frames`` frames every request, the window moving
+  by ``--step`` frames, sent as one video;
+- ``restart_followup``: after a restart on the same store, a new question on a clip asked
+  before the restart.
+
+Each row keeps what the server said it reused (vlmcache's report; plain vLLM's
+``prompt_tokens_details.cached_tokens``). Frames reused per stream request are the cached
+prompt tokens past the text before the video, in whole frames of the model's tokens.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from vlmcache.testing.clips import CODECS, synthetic_frames, video_data_url, write_clip
+from vlmcache.testing.server import ServerProcess
+
+QUESTION = "what is moving in the video?"
+FOLLOW_UP = "which shape moves fastest?"
+STREAM_Q = "what changed in the last seconds?"
+OURS_CONFIG: dict[str, object] = {"log_requests": False, "enable_video_near_duplicates": True,
+                                  "disk_write": "sync"}
+
+
+def vllm_flags(args: Any) -> list[str]:
+    """The vLLM flags both servers get (ServerProcess adds --enforce-eager)."""
+    flags = ["--enable-prefix-caching", "--enable-prompt-tokens-details",
+             "--max-model-len", str(args.max_model_len),
+             "--media-io-kwargs", json.dumps({"video": {"num_frames": args.frames}})]
+    if args.dummy_weights:
+        flags += ["--load-format", "dummy"]
+    return flags
+
+
+def make_server(kind: str, args: Any, work: Path, name: str) -> ServerProcess:
+    """``vlmcache serve`` (``ours``) or plain vLLM's server, not started."""
+    config = {**OURS_CONFIG, "store_path": str(work / "store")}
+    if args.dummy_weights:
+        config["model_revision"] = "dummy-weights"
+    server = ServerProcess(Path(args.model), config, work / f"{name}.log", vllm_flags(args))
+    if kind == "plain":
+        server.argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server",
+                       "--model", args.model, "--host", "127.0.0.1",
+                       "--port", str(server.port), *server.argv[server.argv.index(
+                           "--enforce-eager"):]]
+    return server
+
+
+def body(args: Any, clip: bytes, codec: str, question: str, tenant: str,
+         stream: bool = True) -> dict[str, Any]:
+    """A chat request: one video, one question, greedy (streamed: TTFT is measured)."""
+    extra = {"stream": True, "stream_options": {"include_usage": True}} if stream else {}
+    return {"model": args.model, "temperature": 0, "max_tokens": args.max_tokens,
+            **extra, "cache_salt": tenant,
+            "messages": [{"role": "user", "content": [
+                {"type": "video_url", "video_url": {"url": video_data_url(
+                    clip, CODECS[codec].mime)}},
+                {"type": "text", "text": question}]}]}
+
+
+def ask(url: str, payload: dict[str, Any]) -> dict[str, Any]:
+    """Send one request; TTFT (streamed), e2e, answer, and what was reused. Unstreamed
+    requests get vlmcache's whole report (a stream carries no KV figures)."""
+    import httpx
+
+    row: dict[str, Any] = {"ttft_ms": None, "text": "", "report": None, "cached_tokens": 0,
+                           "prompt_tokens": 0}
+    t0 = time.perf_counter()
+    if not payload.get("stream"):
+        resp = httpx.post(url + "/v1/chat/completions", json=payload, timeout=600)
+        if resp.status_code != 200:
+            raise RuntimeError(f"HTTP {resp.status_code}: {resp.text[:400]!r}")
+        data = resp.json()
+        _on_line(row, "data: " + json.dumps({**data, "choices": [
+            {"delta": {"content": c["message"]["content"]}} for c in data["choices"]]}), t0)
+        row["ttft_ms"] = None
+    else:
+        with httpx.stream("POST", url + "/v1/chat/completions", json=payload,
+                          timeout=600) as resp:
+            if resp.status_code != 200:
+                raise RuntimeError(f"HTTP {resp.status_code}: {resp.read()[:400]!r}")
+            for line in resp.iter_lines():
+                _on_line(row, line, t0)
+    row["e2e_ms"] = (time.perf_counter() - t0) * 1000
+    row["ttft_ms"] = row["ttft_ms"] or row["e2e_ms"]
+    return row
+
+
+def _on_line(row: dict[str, Any], line: str, t0: float) -> None:
+    if not line.startswith("data:") or line.strip() == "data: [DONE]":
+        return
+    chunk = json.loads(line[5:])
+    for choice in chunk.get("choices") or ():
+        text = (choice.get("delta") or {}).get("content")
+        if text:
+            row["text"] += text
+        if (text or choice.get("finish_reason")) and row["ttft_ms"] is None:
+            row["ttft_ms"] = (time.perf_counter() - t0) * 1000
+    usage = chunk.get("usage")
+    if usage:
+        row["prompt_tokens"] = int(usage.get("prompt_tokens") or 0)
+        details = usage.get("prompt_tokens_details") or {}
+        row["cached_tokens"] = int(details.get("cached_tokens") or 0)
+    if isinstance(chunk.get("vlmcache"), dict):
+        row["report"] = chunk["vlmcache"]
+
+
+def clips(args: Any) -> list[np.ndarray]:
+    """The clips asked about (seeded; frames 2x the sampling, so sampling skips some)."""
+    return [synthetic_frames(1000 + k, n=2 * args.frames, h=args.size, w=args.size)
+            for k in range(args.clips)]
+
+
+def measure_first(url: str, args: Any) -> dict[str, Any]:
+    """Warm-up, misses, re-encoded copies and the stream, on a started server."""
+    for k in range(2):  # first-request costs out of the measured rows
+        warm = synthetic_frames(9000 + k, n=2 * args.frames, h=args.size, w=args.size)
+        ask(url, body(args, write_clip(None, warm, 4.0, "mp4v"), "mp4v", "warm up?", "warm"))
+    miss, reenc = [], []
+    for frames in clips(args):
+        miss.append(ask(url, body(args, write_clip(None, frames, 4.0, "mp4v"), "mp4v",
+                                  QUESTION, "acme")))
+    for frames in clips(args):
+        reenc.append(ask(url, body(args, write_clip(None, frames, 4.0, "mjpg"), "mjpg",
+                                   QUESTION, "acme")))
+    return {"miss": miss, "reencoded": reenc, "stream": stream(url, args)}
+
+
+def stream(url: str, args: Any) -> list[dict[str, Any]]:
+    """A live feed: the last ``frames`` frames, the window moving by ``step``."""
+    total = args.frames + args.step * (args.stream_requests - 1)
+    feed = synthetic_frames(777, n=total, h=args.size, w=args.size)
+    rows = []
+    for r in range(args.stream_requests):
+        window = feed[r * args.step:r * args.step + args.frames]
+        rows.append(ask(url, body(args, write_clip(None, window, 4.0, "mp4v"), "mp4v",
+                                  STREAM_Q, "acme")))
+    return rows
+
+
+def measure_restart(url: str, args: Any) -> list[dict[str, Any]]:
+    """After a restart: warm-up on other clips, then a follow-up on each clip."""
+    warm = synthetic_frames(9100, n=2 * args.frames, h=args.size, w=args.size)
+    ask(url, body(args, write_clip(None, warm, 4.0, "mp4v"), "mp4v", "warm up?", "warm"))
+    return [ask(url, body(args, write_clip(None, frames, 4.0, "mp4v"), "mp4v", FOLLOW_UP,
+                          "acme", stream=False)) for frames in clips(args)]
+
+
+def run_server(kind: str, args: Any, work: Path) -> dict[str, Any]:
+    """One server's rows: start, measure, restart on its store, measure, stop."""
+    work.mkdir(parents=True, exist_ok=True)
+    server = make_server(kind, args, work, "first").start()
+    try:
+        rows = measure_first(server.url, args)
+    finally:
+        server.stop()
+    server = make_server(kind, args, work, "restarted").start()
+    try:
+        rows["restart_followup"] = measure_restart(server.url, args)
+    finally:
+        server.stop()
+    return rows
+
+
+def _p50(values: Sequence[float]) -> float:
+    return round(statistics.median(values), 2)
+
+
+def summarize(rows: dict[str, Any], args: Any, tokens_per_frame: int) -> dict[str, Any]:
+    """The issue's fields from one server's rows."""
+    out: dict[str, Any] = {
+        "miss_ms": _p50([r["e2e_ms"] for r in rows["miss"]]),
+        "miss_ttft_ms": _p50([r["ttft_ms"] for r in rows["miss"]]),
+        "reencoded_ms": _p50([r["e2e_ms"] for r in rows["reencoded"]]),
+        "reencoded_ttft_ms": _p50([r["ttft_ms"] for r in rows["reencoded"]]),
+        "restart_followup_ms": _p50([r["e2e_ms"] for r in rows["restart_followup"]]),
+        "reencoded_cached_tokens": [r["cached_tokens"] for r in rows["reencoded"]],
+        "restart_cached_tokens": [r["cached_tokens"] for r in rows["restart_followup"]],
+        "prompt_tokens": rows["miss"][0]["prompt_tokens"],
+        "stream": _stream_summary(rows["stream"], args, tokens_per_frame),
+    }
+    reports = [r["report"] for r in rows["restart_followup"] if r["report"]]
+    if reports:
+        out["encoder_outputs_loaded"] = sum(int(r["images_loaded"]) for r in reports)
+        out["tokens_loaded"] = sum(int(r["tokens_loaded"]) for r in reports)
+        out["reencoded_tiers"] = [(r["report"] or {}).get("hit_tier") for r in rows["reencoded"]]
+    return out
+
+
+def _stream_summary(rows: Sequence[dict[str, Any]], args: Any,
+                    tokens_per_frame: int) -> dict[str, Any]:
+    later = rows[1:]  # the first request has nothing before it
+    reused = [max(0, r["cached_tokens"] - args.text_before_video) // tokens_per_frame
+              for r in later]
+    return {"frames_per_request": args.frames, "step": args.step, "requests": len(rows),
+            "frames_reused": reused, "ttft_p50_ms": _p50([r["ttft_ms"] for r in later])}
+
+
+def compact_rows(rows: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
+    """Each request's figures (what the summary is computed from), without answers."""
+    keep = ("ttft_ms", "e2e_ms", "prompt_tokens", "cached_tokens")
+    out = {}
+    for phase, phase_rows in rows.items():
+        out[phase] = []
+        for r in phase_rows:
+            row = {k: round(r[k], 2) if isinstance(r[k], float) else r[k] for k in keep}
+            rep = r.get("report") or {}
+            row.update({k: rep[k] for k in ("hit_tier", "tokens_loaded", "images_loaded",
+                                            "front_ms") if k in rep})
+            out[phase].append(row)
+    return out
+
+
+def answers_equal(ours: dict[str, Any], plain: dict[str, Any]) -> dict[str, float]:
+    """Share of rows whose answers are the same text, per phase."""
+    return {phase: float(np.mean([a["text"] == b["text"] for a, b in
+                                  zip(ours[phase], plain[phase])]))
+            for phase in ("miss", "reencoded", "restart_followup")}
+
+
+def parse_args(argv: Sequence[str] | None) -> Any:
+    import argparse
+
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--model", default=None,
+                   help="model directory (default: the tiny LLaVA-NeXT-Video, built here)")
+    p.add_argument("--shape", default="tiny-llava-next-video-cpu", help="the result's name")
+    p.add_argument("--dummy-weights", action="store_true", help="--load-format dummy (GPU)")
+    p.add_argument("--frames", type=int, default=16, help="frames the engine samples")
+    p.add_argument("--tokens-per-frame", type=int, default=64)
+    p.add_argument("--text-before-video", type=int, default=4,
+                   help="prompt tokens before the video (chat template)")
+    p.add_argument("--step", type=int, default=4, help="frames the stream's window moves")
+    p.add_argument("--stream-requests", type=int, default=8)
+    p.add_argument("--clips", type=int, default=6)
+    p.add_argument("--size", type=int, default=224, help="frame side, px")
+    p.add_argument("--max-tokens", type=int, default=8)
+    p.add_argument("--max-model-len", type=int, default=2048)
+    p.add_argument("--work", default="/tmp/vlmcache-video-bench")
+    p.add_argument("--out", required=True)
+    return p.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    work = Path(args.work)
+    if args.model is None:
+        from vlmcache.testing.tiny_video import build_tiny_video
+
+        args.model = str(build_tiny_video(work / "model"))
+    rows = {kind: run_server(kind, args, work / kind) for kind in ("plain", "ours")}
+    shape = {kind: summarize(r, args, args.tokens_per_frame) for kind, r in rows.items()}
+    shape["ratios"] = {k: round(shape["ours"][k] / shape["plain"][k], 3)
+                       for k in ("miss_ms", "reencoded_ms", "restart_followup_ms")}
+    shape["answers_equal"] = answers_equal(rows["ours"], rows["plain"])
+    shape["rows"] = {kind: compact_rows(r) for kind, r in rows.items()}
+    shape["settings"] = {k: getattr(args, k) for k in (
+        "frames", "tokens_per_frame", "step", "stream_requests", "clips", "size", "max_tokens",
+        "max_model_len", "dummy_weights")}
+    out = Path(args.out)
+    result = json.loads(out.read_text()) if out.exists() else {"shapes": {}}
+    result["shapes"][args.shape] = {**shape, "command": "python benchmarks/video.py " + " ".join(
+        sys.argv[1:] if argv is None else argv), "device": _device(),
+        "measured": time.strftime("%Y-%m-%d")}
+    out.write_text(json.dumps(result, indent=1) + "\n")
+    print(json.dumps({k: shape[k] for k in ("ratios", "answers_equal")}, indent=1))
+    return 0
+
+
+def _device() -> str:
+    import platform
+
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            return torch.cuda.get_device_name(0)
+    except ImportError:
+        pass
+    return f"CPU ({platform.processor() or platform.machine()}), no GPU"
