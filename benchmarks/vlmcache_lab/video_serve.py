@@ -211,6 +211,19 @@ def _stream_summary(rows: Sequence[dict[str, Any]], args: Any,
             "frames_reused": reused, "ttft_p50_ms": _p50([r["ttft_ms"] for r in later])}
 
 
+def _image_stream_summary(rows: Sequence[dict[str, Any]], args: Any) -> dict[str, Any]:
+    later = rows[1:]
+    out: dict[str, Any] = {"frames_per_request": args.image_frames, "step": args.step,
+                           "requests": len(rows),
+                           "e2e_p50_ms": _p50([r["e2e_ms"] for r in later]),
+                           "cached_tokens": [r["cached_tokens"] for r in later]}
+    reports = [r["report"] for r in later if r["report"]]
+    if reports:
+        out["frames_encoded"] = [int(r["images_encoded"]) for r in reports]
+        out["frames_reused"] = [args.image_frames - int(r["images_encoded"]) for r in reports]
+    return out
+
+
 def compact_rows(rows: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
     """Each request's figures (what the summary is computed from), without answers."""
     keep = ("ttft_ms", "e2e_ms", "prompt_tokens", "cached_tokens")
@@ -233,6 +246,50 @@ def answers_equal(ours: dict[str, Any], plain: dict[str, Any]) -> dict[str, floa
             for phase in ("miss", "reencoded", "restart_followup")}
 
 
+def image_stream(kind: str, args: Any, work: Path) -> list[dict[str, Any]]:
+    """The same feed sent as ``--image-frames`` PNG images per request to an image model
+    (tiny LLaVA): each frame keeps its bytes, so an encoder cache keyed per item can keep
+    every frame it has seen. Unstreamed: vlmcache's report says what was encoded."""
+    import base64
+    import io
+
+    from PIL import Image
+
+    from vlmcache.testing.tiny_llava import build_tiny_llava
+
+    model = str(build_tiny_llava(Path(args.work) / "image-model"))
+    total = args.image_frames + args.step * (args.stream_requests - 1)
+    feed = synthetic_frames(777, n=total, h=args.size, w=args.size)
+    urls = []
+    for frame in feed:
+        buf = io.BytesIO()
+        Image.fromarray(frame).save(buf, format="PNG")
+        urls.append("data:image/png;base64," + base64.b64encode(buf.getvalue()).decode())
+    img_args = argparse_copy(args, model=model, dummy_weights=False)
+    server = make_server(kind, img_args, work, f"images-{kind}")
+    server.argv += ["--limit-mm-per-prompt", json.dumps({"image": args.image_frames})]
+    server.start()
+    try:
+        rows = []
+        for r in range(args.stream_requests):
+            parts = [{"type": "image_url", "image_url": {"url": u}}
+                     for u in urls[r * args.step:r * args.step + args.image_frames]]
+            payload = {"model": model, "temperature": 0, "max_tokens": args.max_tokens,
+                       "cache_salt": "acme", "messages": [{"role": "user", "content": [
+                           *parts, {"type": "text", "text": STREAM_Q}]}]}
+            rows.append(ask(server.url, payload))
+        return rows
+    finally:
+        server.stop()
+
+
+def argparse_copy(args: Any, **changes: Any) -> Any:
+    """``args`` with some fields changed (argparse namespaces are mutable: copy first)."""
+    import argparse
+
+    return argparse.Namespace(**{**vars(args), **changes})
+
+
 def parse_args(argv: Sequence[str] | None) -> Any:
     import argparse
 
@@ -252,6 +309,8 @@ def parse_args(argv: Sequence[str] | None) -> Any:
     p.add_argument("--max-tokens", type=int, default=8)
     p.add_argument("--max-model-len", type=int, default=2048)
     p.add_argument("--work", default="/tmp/vlmcache-video-bench")
+    p.add_argument("--image-frames", type=int, default=4,
+                   help="frames per request of the image-stream layout (0: not run)")
     p.add_argument("--out", required=True)
     return p.parse_args(argv)
 
@@ -268,6 +327,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     shape["ratios"] = {k: round(shape["ours"][k] / shape["plain"][k], 3)
                        for k in ("miss_ms", "reencoded_ms", "restart_followup_ms")}
     shape["answers_equal"] = answers_equal(rows["ours"], rows["plain"])
+    if args.image_frames:
+        images = {kind: image_stream(kind, args, work / kind) for kind in ("plain", "ours")}
+        shape["image_stream"] = {kind: _image_stream_summary(r, args)
+                                 for kind, r in images.items()}
     shape["rows"] = {kind: compact_rows(r) for kind, r in rows.items()}
     shape["settings"] = {k: getattr(args, k) for k in (
         "frames", "tokens_per_frame", "step", "stream_requests", "clips", "size", "max_tokens",
