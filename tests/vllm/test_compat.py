@@ -95,3 +95,41 @@ def test_the_block_layout_is_validated_with_its_allowed_values():
 
     with pytest.raises(ConfigError, match="per_layer.*cross_layer|cross_layer.*per_layer"):
         VlmCacheConfig(kv_block_layout="sideways")
+
+
+def _store_slices_026(status, per_chunk, num_tokens, chunk_tokens):
+    """vLLM 0.26 ``_build_store_jobs``'s slices for a finished request (``num_tokens``)."""
+    group = status.group_states[0]
+    num_chunks = num_tokens // chunk_tokens
+    start = group.next_stored_chunk_idx
+    keys = group.offload_keys[start:num_chunks]
+    blocks = group.block_ids[start * per_chunk + per_chunk - 1:num_chunks * per_chunk:per_chunk]
+    return keys, blocks
+
+
+def test_a_preempted_then_aborted_request_no_longer_trips_vllm_026s_store_assertion():
+    from types import SimpleNamespace
+
+    from vlmcache.vllm.compat import clamp_finished_stores
+
+    def status(blocks):
+        group = SimpleNamespace(offload_keys=[f"k{i}" for i in range(10)], block_ids=blocks,
+                                next_stored_chunk_idx=3)
+        return SimpleNamespace(group_states=(group,))
+
+    preempted, intact = status([]), status(list(range(1, 21)))
+    sched = SimpleNamespace(_req_status={"a": preempted, "b": intact},
+                            config=SimpleNamespace(blocks_per_chunk=2))
+    keys, blocks = _store_slices_026(preempted, 2, 10 * 64, 64)
+    assert len(keys) != len(blocks)  # 0.26: AssertionError, the EngineCore dies
+    out = SimpleNamespace(finished_req_ids={"a", "b"})
+    assert clamp_finished_stores(sched, out) == 1
+    keys, blocks = _store_slices_026(preempted, 2, 10 * 64, 64)
+    assert keys == blocks == []  # nothing to store: its KV left the GPU
+    assert preempted.group_states[0].offload_keys == ["k0", "k1", "k2"]  # stored ones kept
+    assert intact.group_states[0].offload_keys == [f"k{i}" for i in range(10)]
+    keys, blocks = _store_slices_026(intact, 2, 10 * 64, 64)
+    assert len(keys) == len(blocks) == 7
+    # a scheduler without this state (another vLLM) is left alone
+    assert clamp_finished_stores(SimpleNamespace(), out) == 0
+    assert clamp_finished_stores(None, out) == 0

@@ -106,6 +106,35 @@ class FinishedRequestGuard:
         return delegate(self, self._inner, name)
 
 
+def clamp_finished_stores(scheduler: Any, scheduler_output: Any) -> int:
+    """Keep vLLM 0.26's offloading scheduler from storing chunks a finished request has no
+    GPU blocks for; the number of requests clamped.
+
+    0.26's ``_build_store_jobs`` takes a finished request's chunks up to ``num_tokens``; a
+    request preempted (its ``block_ids`` cleared) and then aborted while it waited (a client
+    that gave up under overload) has offload keys past its blocks, and the assertion
+    ``len(offload_keys) == len(offload_block_ids)`` kills the EngineCore (measured: Qwen2-VL
+    at 120 req/s on an H200, through this connector). 0.32 counts an aborted request's
+    computed tokens only. Here the offload keys of each finished request are cut to the
+    chunks its blocks cover (never below what was stored): there is nothing else to store.
+    A no-op where the scheduler's state has other names, and for requests whose blocks are
+    all there."""
+    states = getattr(scheduler, "_req_status", None)
+    per_chunk = getattr(getattr(scheduler, "config", None), "blocks_per_chunk", None)
+    if not isinstance(states, dict) or not per_chunk:
+        return 0
+    clamped = 0
+    for req_id in getattr(scheduler_output, "finished_req_ids", None) or ():
+        status = states.get(req_id)
+        for group in getattr(status, "group_states", ()) if status is not None else ():
+            keys, blocks = group.offload_keys, group.block_ids
+            keep = max(len(blocks) // per_chunk, group.next_stored_chunk_idx)
+            if len(keys) > keep:
+                del keys[keep:]
+                clamped += 1
+    return clamped
+
+
 # ---- the GPU KV cache's memory layout: 0.26 (cross-layer blocks) -> 0.32 (per layer) ------
 
 

@@ -137,6 +137,10 @@ class VlmCacheOffloadingConnector(OffloadingConnector):
 
     def build_connector_meta(self, scheduler_output: Any) -> Any:
         self._time_step(scheduler_output)
+        if compat.clamp_finished_stores(getattr(self, "connector_scheduler", None),
+                                        scheduler_output):
+            logger.info("vlmcache KV: stores of finished requests cut to their GPU blocks "
+                        "(preempted, then aborted: a vLLM 0.26 offloading bug)")
         return super().build_connector_meta(scheduler_output)
 
     def request_finished(self, request: Any, block_ids: Any) -> tuple[bool, dict | None]:
