@@ -106,6 +106,10 @@ class ReuseReport:
         videos: the identity each video was sent under (BLAKE3 of its sampled frames and
             their metadata; a verified near-duplicate's canonical clip's).
         video_frames: frames the model's sampling took from each video.
+        video_encoder_mixes_frames: whether the model's vision encoder mixes a video's
+            frames (Qwen2-VL: yes; LLaVA-NeXT-Video: no; ``None``: not known or no video).
+            Videos are reused per clip either way (vLLM encodes a video as one item); where
+            frames are encoded apart, a stream sent as images reuses each frame.
         latency_s: request latency (engine queue to last token).
         ttft_s: time to first token, where vLLM reports it.
     """
@@ -134,6 +138,7 @@ class ReuseReport:
     kv_cost_reason: str | None = None  # issue 11: predicted load vs recompute times
     videos: tuple[str, ...] = ()  # issue 34
     video_frames: tuple[int, ...] = ()
+    video_encoder_mixes_frames: bool | None = None
 
     @property
     def hit(self) -> bool:
@@ -172,7 +177,8 @@ class ReuseReport:
                 "gate_refused": list(self.gate_refused),
                 "latency_s": self.latency_s, "ttft_s": self.ttft_s,
                 "kv_cost_choice": self.kv_cost_choice, "kv_cost_reason": self.kv_cost_reason,
-                "videos": list(self.videos), "video_frames": list(self.video_frames)}
+                "videos": list(self.videos), "video_frames": list(self.video_frames),
+                "video_encoder_mixes_frames": self.video_encoder_mixes_frames}
 
 
 def build_report(request_id: str, res: Resolution | None, kv: KVReuse | None,

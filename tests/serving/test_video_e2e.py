@@ -77,6 +77,7 @@ def _first_server(server, clip) -> None:
     ffv1 = write_clip(None, clip, 4.0, "ffv1")
     first, r1 = ask(server, ffv1, cache_answers=True)
     assert r1["hit_tier"] is None and r1["video_frames"] == [FRAMES]
+    assert r1["video_encoder_mixes_frames"] is False  # LLaVA-NeXT-Video: CLIP per frame
     assert r1["prompt_tokens"] > FRAMES * 64 and r1["tokens_computed"] == r1["prompt_tokens"]
     # the same frames in another lossless container: the response tier answers
     again, r2 = ask(server, write_clip(None, clip, 4.0, "huffyuv"), codec="huffyuv",

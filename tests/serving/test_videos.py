@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from fakes import clip_bytes, clip_frames, video_chat, video_url  # noqa: E402
+from fakes import chat, clip_bytes, clip_frames, image, video_chat, video_url  # noqa: E402
 from test_front_asgi import Rig  # noqa: E402
 
 from vlmcache.config import VlmCacheConfig  # noqa: E402
@@ -158,3 +158,17 @@ def test_requests_whose_media_the_front_minted_are_marked_scoped(tmp_path):
     trusting = Rig(tmp_path / "trust", client_image_uuids="trust")
     trusting.post(video_chat("What moves?", data, tenant="A"))
     assert "scoped_media" not in trusting.engine.bodies[0]["kv_transfer_params"]["vlmcache"]
+
+
+@pytest.mark.parametrize("model_type, mixes", [("qwen2_vl", True), ("llava_next_video", False),
+                                               ("something_new", None)])
+def test_the_report_says_whether_the_models_encoder_mixes_frames(tmp_path, model_type, mixes):
+    import json
+
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_text(json.dumps({"model_type": model_type}))
+    rig = Rig(tmp_path)
+    report = rig.post(video_chat("What moves?", clip_bytes(clip_frames()))).json()["vlmcache"]
+    assert report["video_encoder_mixes_frames"] is mixes
+    image_only = rig.post(chat("What is shown?", image(1))).json()["vlmcache"]
+    assert image_only["video_encoder_mixes_frames"] is None

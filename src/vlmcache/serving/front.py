@@ -67,6 +67,7 @@ class CascadeFront:
                  sampling: VideoSampling | None = None) -> None:
         self.config = config
         self.sampling = sampling or VideoSampling()
+        self.mixes_frames: bool | None = None  # the model's video encoder (reports)
         self.cascade = cascade
         self.responses = responses
         self.metrics = metrics
@@ -80,7 +81,7 @@ class CascadeFront:
                   ) -> "CascadeFront":
         """The front for ``model`` (a local directory) under ``config``; ``media_io_kwargs``
         are the server's ``--media-io-kwargs`` (how its engine samples videos)."""
-        from vlmcache.vllm.video_io import video_processor_name
+        from vlmcache.vllm.video_io import encoder_mixes_frames, video_processor_name
 
         from vlmcache.tenant_secret import with_deployment_salt
         from vlmcache.vllm.namespace import namespace_for_model
@@ -98,7 +99,9 @@ class CascadeFront:
         logger.info("vlmcache front: model %s, namespace %s, store %s, tiers on: %s",
                     model, digest[:16], config.store_dir, ", ".join(_tiers_on(config)))
         sampling = VideoSampling(dict(media_io_kwargs or {}), video_processor_name(model))
-        return cls(config, build_cascade(config, digest), responses, metrics, sampling)
+        front = cls(config, build_cascade(config, digest), responses, metrics, sampling)
+        front.mixes_frames = encoder_mixes_frames(model)
+        return front
 
     # ---- before the engine ---------------------------------------------------------------
 
@@ -166,7 +169,8 @@ class CascadeFront:
             prompt_tokens=int(usage.get("prompt_tokens") or 0), tokens_loaded=0,
             tokens_from_prefix_cache=0, tokens_computed=0, blocks_saved=0,
             load_failed_blocks=0, latency_s=time.perf_counter() - plan.started,
-            videos=plan.request.video_hashes, video_frames=plan.request.video_frames)
+            videos=plan.request.video_hashes, video_frames=plan.request.video_frames,
+            video_encoder_mixes_frames=self._mixes(plan))
         self._observe(plan, report)
         body["vlmcache"] = report_body(plan, report)
         return body
@@ -232,7 +236,11 @@ class CascadeFront:
         videos = res.video_hashes if res is not None and res.video_hashes \
             else plan.request.video_hashes
         return dataclasses.replace(report, statuses=statuses, videos=videos,
-                                   video_frames=plan.request.video_frames)
+                                   video_frames=plan.request.video_frames,
+                                   video_encoder_mixes_frames=self._mixes(plan))
+
+    def _mixes(self, plan: FrontPlan) -> bool | None:
+        return self.mixes_frames if plan.request.videos else None
 
     def _remember(self, req: ParsedRequest, res: Resolution, report: ReuseReport) -> None:
         """Make this request findable: exact record and canonical images/questions."""

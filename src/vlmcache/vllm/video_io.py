@@ -114,3 +114,32 @@ def probe_video(data: bytes) -> tuple[int, int, float, float] | None:
                 float(cap.get(cv2.CAP_PROP_FRAME_COUNT)), float(cap.get(cv2.CAP_PROP_FPS)))
     finally:
         cap.release()
+
+
+#: Model types whose vision encoder mixes frames: Qwen2-VL and its successors merge two
+#: frames per temporal patch and attend across the clip; GLM-4V likewise. Per-frame reuse
+#: would change their answers: they reuse per clip only.
+_MIXES_FRAMES = frozenset({"qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "glm4v",
+                           "glm4v_moe", "keye_vl"})
+#: Model types whose encoder sees each frame alone (CLIP / SigLIP per frame, then pooling).
+_FRAMES_APART = frozenset({"llava_next_video", "llava_onevision", "llava", "llava_next",
+                           "internvl_chat", "internvl"})
+
+
+@functools.lru_cache(maxsize=8)
+def encoder_mixes_frames(model: str) -> bool | None:
+    """Whether the model's vision encoder mixes a video's frames (``None``: not known).
+
+    Either way vLLM encodes a video as one item, so its encoder output and KV are reused
+    per clip; where frames are encoded apart, a stream sent as images reuses each frame
+    (``docs/video.md``)."""
+    import json
+    from pathlib import Path
+
+    try:
+        model_type = json.loads((Path(model) / "config.json").read_text()).get("model_type")
+    except (OSError, ValueError, AttributeError):
+        return None
+    if model_type in _MIXES_FRAMES:
+        return True
+    return False if model_type in _FRAMES_APART else None
