@@ -26,7 +26,7 @@ from typing import Any, Mapping, Sequence
 
 from vlmcache.api_media import (DEFAULT_IMAGE_PLACEHOLDER, DEFAULT_VIDEO_PLACEHOLDER,
                                 IMAGE_TOKEN_KEYS, VIDEO_TOKEN_KEYS, ApiVideo, VideoDecoder,
-                                check_videos, model_placeholder)
+                                check_images, check_videos, model_placeholder)
 from vlmcache.cascade import Cascade, CascadeRequest, Resolution, Rewrite, build_cascade
 from vlmcache.config import VlmCacheConfig
 from vlmcache.errors import ConfigError, RequestError
@@ -88,8 +88,6 @@ def validate_request(req: VlmRequest | str, index: int,
     prompt must hold exactly one per image and per video (``None``: not checked).
     ``max_videos``: the most videos one request may carry (``max_videos_per_request``).
     """
-    from PIL import Image
-
     if isinstance(req, str):
         req = VlmRequest(req)
     if not isinstance(req, VlmRequest):
@@ -97,14 +95,7 @@ def validate_request(req: VlmRequest | str, index: int,
                            f"got {type(req).__name__}")
     if not isinstance(req.prompt, str) or not req.prompt.strip():
         raise RequestError(f"request {index}: prompt must be a non-empty string")
-    if not isinstance(req.images, (tuple, list)):
-        raise RequestError(f"request {index}: images must be a tuple of PIL images")
-    for j, image in enumerate(req.images):
-        if not isinstance(image, Image.Image):
-            raise RequestError(f"request {index}: image {j} is a {type(image).__name__}, "
-                               "expected a PIL.Image.Image")
-        if image.width < 1 or image.height < 1:
-            raise RequestError(f"request {index}: image {j} is empty ({image.size})")
+    check_images(req.images, index)
     if req.tenant is not None and (not isinstance(req.tenant, str) or not req.tenant):
         raise RequestError(f"request {index}: tenant must be a non-empty string or None")
     if req.question is not None and (not isinstance(req.question, str)

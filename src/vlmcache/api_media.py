@@ -1,4 +1,4 @@
-"""Media of :class:`~vlmcache.api.CachedLLM` requests: placeholders, video checks and decoding.
+"""Media of :class:`~vlmcache.api.CachedLLM` requests: placeholders, checks, video decoding.
 
 One front serves every entry point, so a video given to ``CachedLLM.generate`` (its encoded
 bytes) is treated as the serving front treats a ``video_url`` part: decoded once with vLLM's
@@ -75,6 +75,21 @@ def _added_token(root: Path, token_id: int) -> str | None:
     except (OSError, ValueError, AttributeError):
         return None
     return found[0] if found and isinstance(found[0], str) and found[0] else None
+
+
+def check_images(images: object, index: int) -> None:
+    """:class:`RequestError` naming the request unless ``images`` is a tuple of non-empty
+    PIL images."""
+    from PIL import Image
+
+    if not isinstance(images, (tuple, list)):
+        raise RequestError(f"request {index}: images must be a tuple of PIL images")
+    for j, image in enumerate(images):
+        if not isinstance(image, Image.Image):
+            raise RequestError(f"request {index}: image {j} is a {type(image).__name__}, "
+                               "expected a PIL.Image.Image")
+        if image.width < 1 or image.height < 1:
+            raise RequestError(f"request {index}: image {j} is empty ({image.size})")
 
 
 def check_videos(videos: object, index: int, prompt: str, placeholder: str | None,
