@@ -11,7 +11,7 @@ SRC = Path(__file__).resolve().parent.parent / "src" / "vlmcache"
 LAYERS = (("config", "config_ranges", "errors", "routes", "tenant_secret"), ("store", "embedders", "index"),
           ("keys", "tiers"),
           ("shared",), ("cascade", "vllm"), ("report",),
-          ("api", "serving", "models", "testing"), ("bench",), ("cli",))
+          ("api", "api_media", "serving", "models", "testing"), ("bench",), ("cli",))
 
 
 def _modules() -> dict[str, Path]:

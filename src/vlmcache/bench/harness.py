@@ -20,6 +20,8 @@ from typing import Any, Callable, Sequence
 
 from vlmcache.bench.modes import MODES, Mode, gpu_available
 from vlmcache.bench.types import BenchRequest, RequestResult
+from vlmcache.bench.video import (BUILTIN_VIDEO_MODEL, VideoBenchRequest, build_video_requests,
+                                  video_engine_args)
 
 logger = logging.getLogger(__name__)
 
@@ -45,6 +47,7 @@ class BenchSpec:
     store_root: str = ""
     offload_gib: float = 1.0
     engine: dict[str, Any] = field(default_factory=dict)
+    workload: str = "image"  # "image" (dataset workloads) | "video" (bench.video's trace)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=1)
@@ -56,8 +59,10 @@ class BenchSpec:
         return cls(**data)
 
 
-def build_requests(spec: BenchSpec) -> list[BenchRequest]:
+def build_requests(spec: BenchSpec) -> list[BenchRequest] | list[VideoBenchRequest]:
     """The run's requests, identical in every process for the same ``spec``."""
+    if spec.workload == "video":
+        return build_video_requests(spec.n, spec.seed, spec.tenants)
     from vlmcache.bench.datasets import load_dataset
     from vlmcache.bench.workloads import DEFAULT_WORKLOADS
     from vlmcache.bench.workloads import build_requests as build
@@ -69,7 +74,11 @@ def build_requests(spec: BenchSpec) -> list[BenchRequest]:
 
 
 def model_path(spec: BenchSpec) -> str:
-    """The model directory (the built-in tiny-vqa model is assembled on first use)."""
+    """The model directory (the built-in models are assembled on first use)."""
+    if spec.model == BUILTIN_VIDEO_MODEL:
+        from vlmcache.testing.tiny_video import build_tiny_video
+
+        return str(build_tiny_video(spec.model_dir))
     if spec.model != BUILTIN_MODEL:
         return spec.model
     from vlmcache.models.tiny_vqa import build_tiny_vqa
@@ -79,6 +88,10 @@ def model_path(spec: BenchSpec) -> str:
 
 def prompt_format(spec: BenchSpec) -> tuple[Callable[[str], str], Callable[[str], str]]:
     """(question -> prompt, output text -> normalized answer) for the spec's model."""
+    if spec.prompt_template is None and spec.model == BUILTIN_VIDEO_MODEL:
+        from vlmcache.testing.tiny_video import TINY_VIDEO_PROMPT
+
+        return (lambda q: TINY_VIDEO_PROMPT.format(question=q)), normalize_text
     if spec.prompt_template is None:
         if spec.model != BUILTIN_MODEL:
             raise ValueError("--prompt-template is needed for a model other than the built-in")
@@ -101,8 +114,12 @@ def engine_args(spec: BenchSpec, mode: Mode) -> dict[str, Any]:
     args: dict[str, Any] = {"max_model_len": 512, "enforce_eager": True,
                             "limit_mm_per_prompt": {"image": 1}, "seed": 0,
                             "disable_log_stats": False}
+    if spec.workload == "video":
+        args.update(video_engine_args())
     if spec.model == BUILTIN_MODEL:
         args.update({"dtype": "float32", "block_size": 32})
+    elif spec.model == BUILTIN_VIDEO_MODEL:
+        args["block_size"] = 32
     if not gpu_available():
         args["gpu_memory_utilization"] = 0.3
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
@@ -120,13 +137,17 @@ def cache_config(spec: BenchSpec, mode: Mode) -> Any:
     from vlmcache.config import VlmCacheConfig
 
     store = Path(spec.store_root) / mode.name.replace(":", "-")
-    block = 32 if spec.model == BUILTIN_MODEL else spec.engine.get("block_size")
+    builtin = spec.model in (BUILTIN_MODEL, BUILTIN_VIDEO_MODEL)
+    block = 32 if builtin else spec.engine.get("block_size")
     # the CPU tier is a fixed shared-memory region of memory_budget bytes: keep it small
     # beside a CPU engine (vLLM-CPU's own KV space is 1 GiB here)
     memory = {} if gpu_available() else {"memory_budget": CPU_MEMORY_BUDGET}
+    switches = mode.config_overrides()
+    if spec.workload != "video":  # no videos to match: the tier would only log a "skip"
+        switches["enable_video_near_duplicates"] = False
     return VlmCacheConfig(store_path=str(store), block_size=block, log_requests=False, **memory,
                           image_threshold=spec.threshold, semantic_text_threshold=spec.threshold,
-                          prompt_threshold=spec.threshold, **mode.config_overrides())
+                          prompt_threshold=spec.threshold, **switches)
 
 
 class ModeRunner:
@@ -156,25 +177,21 @@ class ModeRunner:
         self.llm.close()
         self.llm = self._start()
 
-    def run(self, req: BenchRequest, after_restart: bool) -> RequestResult:
-        from vlmcache.api import VlmRequest
-
-        from vlmcache.keys import image_content_hash
-
-        image = req.image.load()
-        vreq = VlmRequest(self.make_prompt(req.question), (image,), req.tenant, req.question)
-        own_hash = image_content_hash(image)
-        scores, pointers = self._candidates(vreq, own_hash)
+    def run(self, req: BenchRequest | VideoBenchRequest, after_restart: bool) -> RequestResult:
+        vreq, own_hash = self._vlm_request(req)
+        # the threshold sweep scores image and text candidates: image requests only
+        scores, pointers = self._candidates(vreq, own_hash) if own_hash else ({}, {})
         start = time.perf_counter()
         out = self.llm.generate([vreq], self.params)[0]
         wall_ms = (time.perf_counter() - start) * 1e3
         rep = out.report
         answered = {k: self._served[p] for k, p in pointers.items() if p in self._served}
-        self._served.setdefault((req.tenant, own_hash, req.question),
-                                (self.normalize(out.text), req.answer))
+        if own_hash:
+            self._served.setdefault((req.tenant, own_hash, req.question),
+                                    (self.normalize(out.text), req.answer))
         return RequestResult(
             mode=self.mode.name, index=req.index, workload=req.workload, tenant=req.tenant,
-            image_id=req.image.id, question=req.question, answer_gt=req.answer,
+            image_id=req.medium_id, question=req.question, answer_gt=req.answer,
             output=self.normalize(out.text), latency_ms=round(wall_ms, 3),
             ttft_ms=round(rep.ttft_s * 1e3, 3) if rep.ttft_s else None,
             prompt_tokens=rep.prompt_tokens, tokens_loaded=rep.tokens_loaded,
@@ -185,6 +202,18 @@ class ModeRunner:
             after_restart=after_restart, log_line=rep.log_line(), candidates=scores,
             candidate_answers={k: a for k, (a, _) in answered.items()},
             candidate_gts={k: gt for k, (_, gt) in answered.items()})
+
+    def _vlm_request(self, req: BenchRequest | VideoBenchRequest) -> tuple[Any, str | None]:
+        """The request for ``CachedLLM`` and its image's content hash (``None``: a video)."""
+        from vlmcache.api import VlmRequest
+        from vlmcache.keys import image_content_hash
+
+        prompt = self.make_prompt(req.question)
+        if isinstance(req, VideoBenchRequest):
+            # the clip is encoded here, outside the timed call, as a client would send it
+            return VlmRequest(prompt, (), req.tenant, req.question, (req.clip.load(),)), None
+        image = req.image.load()
+        return VlmRequest(prompt, (image,), req.tenant, req.question), image_content_hash(image)
 
     def _candidates(self, vreq: Any, own_hash: str) -> tuple[
             dict[str, float], dict[str, tuple[str | None, str, str]]]:

@@ -13,7 +13,8 @@ from vlmcache.errors import ConfigError
 
 #: vlmcache config switches a mode may turn on; all others are off in that mode.
 TIER_SWITCHES = ("enable_exact", "enable_kv_load", "enable_kv_save", "enable_encoder_cache",
-                 "enable_image_embedding", "enable_semantic_text")
+                 "enable_image_embedding", "enable_semantic_text",
+                 "enable_video_near_duplicates")
 
 
 @dataclass(frozen=True)

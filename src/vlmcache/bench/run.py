@@ -4,6 +4,7 @@
     vlmcache bench --dataset my.jsonl --model /models/llava-1.5-7b \\
         --prompt-template "USER: <image>\\n{question} ASSISTANT:"
     vlmcache bench --dataset gqa/testdev_balanced_questions.json --images gqa/images ...
+    vlmcache bench --workload video --n 35          # synthetic clips, tiny LLaVA-NeXT-Video
 
 Each mode runs in its own engine process over the same requests (see ``bench.modes``);
 the run writes ``results.json``, ``summary.md``, ``plot.png``, per-mode request rows
@@ -13,6 +14,7 @@ the run writes ``results.json``, ``summary.md``, ``plot.png``, per-mode request 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import platform
@@ -28,12 +30,16 @@ from typing import Any, Sequence
 from vlmcache.bench.harness import BUILTIN_MODEL, BenchSpec, build_requests, read_results
 from vlmcache.bench.modes import MODES, parse_modes
 from vlmcache.bench.types import RequestResult
+from vlmcache.bench.video import BUILTIN_VIDEO_MODEL, KINDS
 
 _ERROR_LINE = re.compile(r"^\S*(?:Error|Exception)\b.*$", re.MULTILINE)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """``vlmcache bench``'s options (shared by the CLI and ``python -m``)."""
+    parser.add_argument("--workload", choices=("image", "video"), default="image",
+                        help="image: the dataset's workloads (--workloads); video: a seeded "
+                             "trace of synthetic clips (bench.video) on a tiny video model")
     parser.add_argument("--dataset", default="easy-vqa",
                         help="easy-vqa (built in), a JSONL file (image, question, answer) "
                              "or a GQA questions JSON (with --images)")
@@ -80,11 +86,27 @@ def spec_from_args(args: argparse.Namespace, store_root: str) -> BenchSpec:
         if not sep or not key:
             raise ConfigError(f"--engine-arg {item!r}: expected KEY=VALUE")
     workloads = tuple(w.strip() for w in args.workloads.split(",") if w.strip())
-    return BenchSpec(dataset=args.dataset, image_dir=args.images, limit=args.limit,
+    spec = BenchSpec(dataset=args.dataset, image_dir=args.images, limit=args.limit,
                      workloads=workloads, n=args.n, seed=args.seed, tenants=args.tenants,
                      model=args.model, prompt_template=args.prompt_template,
                      max_tokens=args.max_tokens, threshold=args.threshold,
                      store_root=store_root, offload_gib=args.offload_gib, engine=engine)
+    return _video_spec(spec, args) if args.workload == "video" else spec
+
+
+def _video_spec(spec: BenchSpec, args: argparse.Namespace) -> BenchSpec:
+    """The video trace's spec: no dataset; the built-in tiny video model is built beside
+    the run's store (in the work folder), unless ``--model`` names another."""
+    from vlmcache.errors import ConfigError
+
+    if args.workloads or args.dataset != "easy-vqa" or args.images:
+        raise ConfigError("--workload video replays its own trace of synthetic clips: "
+                          "--dataset, --images and --workloads do not apply")
+    builtin = spec.model == BUILTIN_MODEL
+    return dataclasses.replace(
+        spec, dataset="synthetic-clips", limit=None, workload="video",
+        model=BUILTIN_VIDEO_MODEL if builtin else spec.model,
+        model_dir=str(Path(spec.store_root).parent / "tiny-video"))
 
 
 def run_modes(spec_path: Path, modes: Sequence[str], work: Path, n_requests: int,
@@ -132,7 +154,8 @@ def _run_child(spec_path: Path, mode: str, rows: Path, bar: Any, timeout: int) -
 
 def main(args: argparse.Namespace, argv: Sequence[str]) -> int:
     """Run the benchmark; returns the process exit code."""
-    from vlmcache.bench.summary import markdown_table, per_tier_table, summarize_run
+    from vlmcache.bench.summary import (markdown_table, per_tier_table, summarize_run,
+                                        token_table)
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -152,6 +175,8 @@ def main(args: argparse.Namespace, argv: Sequence[str]) -> int:
     _write_outputs(out, argv, spec, requests, results, summary)
     print(markdown_table(summary))
     print(per_tier_table(summary))
+    if spec.workload == "video":
+        print(token_table(summary, KINDS))
     return 0
 
 
@@ -160,7 +185,7 @@ def _write_outputs(out: Path, argv: Sequence[str], spec: BenchSpec, requests: Se
     import vllm
 
     from vlmcache.bench.plots import plot_run
-    from vlmcache.bench.summary import markdown_table, per_tier_table, to_json
+    from vlmcache.bench.summary import markdown_table, per_tier_table, to_json, token_table
 
     record = {"command": "vlmcache bench " + shlex.join(argv), "device": device_label(),
               "vllm_version": vllm.__version__, "spec": json.loads(spec.to_json()),
@@ -169,7 +194,8 @@ def _write_outputs(out: Path, argv: Sequence[str], spec: BenchSpec, requests: Se
     (out / "summary.md").write_text(
         f"# vlmcache bench\n\n- command: `{record['command']}`\n- device: {record['device']}\n"
         f"- vLLM {record['vllm_version']}; {len(requests)} requests per mode\n\n"
-        f"{markdown_table(summary)}\n\n{per_tier_table(summary)}\n")
+        f"{markdown_table(summary)}\n\n{per_tier_table(summary)}\n"
+        + (f"\n{token_table(summary, KINDS)}\n" if spec.workload == "video" else ""))
     with (out / "requests.log").open("w") as f:
         for mode, rows in results.items():
             f.writelines(f"{mode}\t{r.index}\t{r.log_line}\n" for r in rows)

@@ -32,6 +32,9 @@ class WorkloadSummary:
     accuracy: float | None
     agreement: float | None
     latency_p50_ms: float | None
+    tokens_loaded: int = 0  # from vlmcache's store
+    tokens_prefix_cache: int = 0  # vLLM's own prefix cache
+    tokens_computed: int = 0
 
 
 @dataclass
@@ -150,7 +153,10 @@ def _workloads(rows: Sequence[RequestResult],
     return {name: WorkloadSummary(
         n=len(group), reuse_rate=_rate([reused(r) for r in group]),
         accuracy=_accuracy(group)[0], agreement=_agreement(group, base)[0],
-        latency_p50_ms=percentile([r.latency_ms for r in group], 50))
+        latency_p50_ms=percentile([r.latency_ms for r in group], 50),
+        tokens_loaded=sum(r.tokens_loaded for r in group),
+        tokens_prefix_cache=sum(r.tokens_prefix_cache for r in group),
+        tokens_computed=sum(r.tokens_computed for r in group))
         for name, group in sorted(groups.items())}
 
 
@@ -334,4 +340,22 @@ def workload_table(summary: RunSummary) -> str:
     rows = [(name, wl, str(w.n), _pct(w.reuse_rate), _pct(w.accuracy), _pct(w.agreement),
              _num(w.latency_p50_ms))
             for name, m in summary.modes.items() for wl, w in m.workloads.items()]
+    return "\n".join(md_table(header, rows))
+
+
+def token_table(summary: RunSummary, order: Sequence[str] = ()) -> str:
+    """Per mode and workload (those in ``order`` first, in that order): where the prompt
+    tokens came from (vlmcache's store, vLLM's prefix cache, computed), the share of
+    answers equal to ``no_cache``'s and the p50 latency."""
+    header = ("mode", "workload", "n", "tokens loaded", "from prefix cache", "computed",
+              "equal to no_cache", "p50 ms")
+    rank = {name: i for i, name in enumerate(order)}
+
+    def first_in_order(item: tuple[str, WorkloadSummary]) -> int:
+        return rank.get(item[0], len(rank))
+
+    rows = [(name, wl, str(w.n), str(w.tokens_loaded), str(w.tokens_prefix_cache),
+             str(w.tokens_computed), _pct(w.agreement), _num(w.latency_p50_ms))
+            for name, m in summary.modes.items()
+            for wl, w in sorted(m.workloads.items(), key=first_in_order)]
     return "\n".join(md_table(header, rows))

@@ -98,6 +98,11 @@ class BenchRequest:
     def template_question(self) -> str:
         return self.meaning or self.question
 
+    @property
+    def medium_id(self) -> str:
+        """What the request asks about (``RequestResult.image_id``)."""
+        return self.image.id
+
 
 @dataclass
 class RequestResult:
@@ -107,7 +112,7 @@ class RequestResult:
     index: int
     workload: str
     tenant: str | None
-    image_id: str
+    image_id: str  # the medium asked about: an image's id, or a clip's (video workload)
     question: str
     answer_gt: str | None
     output: str  # the normalized answer text

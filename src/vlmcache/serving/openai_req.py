@@ -211,12 +211,6 @@ def _limits(config: VlmCacheConfig) -> ImageLimits:
                        config.remote_image_timeout_s)
 
 
-def _video_limits(config: VlmCacheConfig) -> VideoLimits:
-    return VideoLimits(config.max_video_bytes, config.max_video_frames, config.max_video_pixels,
-                       config.max_video_duration_s, config.remote_images,
-                       config.remote_image_timeout_s)
-
-
 class _Media:
     """The media of one chat request as its parts are read (images, videos, in order)."""
 
@@ -241,9 +235,14 @@ class _Media:
         if len(self.videos) >= self.config.max_videos_per_request:
             raise RequestError(f"{field}: more than the {self.config.max_videos_per_request} "
                                "videos allowed per request (max_videos_per_request)")
+<<<<<<< HEAD
         video = DECODED_VIDEOS.get(url, field, _video_limits(self.config), self.sampling,
                                    self.runtime, self.processor_kwargs,
                                    thumbs=self.config.enable_video_near_duplicates)
+=======
+        video = DECODED_VIDEOS.get(url, field, VideoLimits.from_config(self.config),
+                                   self.sampling, self.runtime, self.processor_kwargs)
+>>>>>>> apivideo
         sent = video.data_url or url
         assert isinstance(sent, str)  # checked by the decode
         query = VideoQuery(video.content_hash, video.signature, video.thumbs, sent)

@@ -12,6 +12,7 @@ nothing is cached. Data URLs only, unless the deployment sets ``remote_images: f
 from __future__ import annotations
 
 import base64
+import dataclasses
 import hashlib
 import json
 import logging
@@ -22,6 +23,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from vlmcache.config import VlmCacheConfig
 from vlmcache.errors import RequestError, RequestTooLarge
 from vlmcache.serving.images import ImageLimits, fetch_image_bytes
 from vlmcache.tiers.video import VideoSignature, video_thumbnails
@@ -48,6 +50,13 @@ class VideoLimits:
     remote: str  # "refuse" | "fetch"
     timeout_s: float
 
+    @classmethod
+    def from_config(cls, config: VlmCacheConfig) -> "VideoLimits":
+        """The limits a deployment's config sets (``max_video_*``, ``remote_images``)."""
+        return cls(config.max_video_bytes, config.max_video_frames, config.max_video_pixels,
+                   config.max_video_duration_s, config.remote_images,
+                   config.remote_image_timeout_s)
+
 
 @dataclass(frozen=True)
 class DecodedVideo:
@@ -66,6 +75,16 @@ class DecodedVideo:
     @property
     def frames(self) -> int:
         return self.signature.frames
+
+
+@dataclass(frozen=True)
+class LoadedVideo:
+    """A decoded video with its sampled frames and their metadata: what the Python API
+    hands vLLM (the front forwards the encoded clip instead and keeps no frames)."""
+
+    video: DecodedVideo
+    frames: np.ndarray  # (T, H, W, 3) uint8, as vLLM's loader sampled them
+    metadata: dict[str, Any]
 
 
 class DecodedVideos:
@@ -117,20 +136,34 @@ def decode_video_url(url: str, field: str, limits: VideoLimits, sampling: VideoS
                      kwargs: Mapping[str, Any], processor_kwargs: Mapping[str, Any] | None,
                      thumbs: bool = True) -> DecodedVideo:
     """Decode and identify one video URL, or raise :class:`RequestError` naming ``field``."""
-    from vlmcache.keys import video_content_hash
-
     data_url = None
     if url.startswith("data:"):
-        data = _data_url_bytes(url, field, limits.max_bytes)
+        data = data_url_bytes(url, field, limits.max_bytes)
     elif url.startswith(("http://", "https://")):
         if limits.remote != "fetch":
             raise RequestError(f"{field}: remote video URLs are not accepted by this server; "
                                "send the video as a data URL (data:video/mp4;base64,...)")
         data = fetch_image_bytes(url, field, ImageLimits(
             limits.max_bytes, limits.max_pixels, limits.remote, limits.timeout_s), "video")
-        data_url = "data:video/mp4;base64," + base64.b64encode(data).decode()
+        data_url = video_data_url(data)
     else:
         raise RequestError(f"{field}: unsupported video URL scheme (use a data: URL)")
+    video = load_video_bytes(data, field, limits, sampling, kwargs, processor_kwargs,
+                             thumbs).video
+    return dataclasses.replace(video, data_url=data_url)
+
+
+def load_video_bytes(data: bytes, field: str, limits: VideoLimits, sampling: VideoSampling,
+                     kwargs: Mapping[str, Any], processor_kwargs: Mapping[str, Any] | None,
+                     thumbs: bool = True) -> LoadedVideo:
+    """Decode an encoded clip within ``limits`` as the engine samples it: its identity and
+    the frames themselves, or :class:`RequestError` naming ``field`` (``thumbs``: with the
+    frames' thumbnails, which only the near-duplicate tier needs)."""
+    from vlmcache.keys import video_content_hash
+
+    if len(data) > limits.max_bytes:
+        raise MediaTooLarge(f"{field}: the video is larger than the {limits.max_bytes}-byte "
+                            "limit (max_video_bytes)")
     check_container(data, field, limits)
     try:
         frames, metadata = load_video(data, sampling, kwargs)
@@ -143,10 +176,16 @@ def decode_video_url(url: str, field: str, limits: VideoLimits, sampling: VideoS
     _check_decoded(field, limits, int(shape[0]), int(shape[2]), int(shape[1]))
     signature = VideoSignature(int(shape[0]), tuple(int(i) for i in metadata.get(
         "frames_indices") or range(int(shape[0]))), float(metadata.get("fps") or 0.0))
-    return DecodedVideo(video_content_hash(frames, metadata, processor_kwargs), signature,
-                        video_thumbnails(frames) if thumbs else _NO_THUMBS,
-                        int(shape[2]), int(shape[1]),
-                        float(metadata.get("duration") or 0.0), data_url)
+    video = DecodedVideo(video_content_hash(frames, metadata, processor_kwargs), signature,
+                         video_thumbnails(frames) if thumbs else _NO_THUMBS,
+                         int(shape[2]), int(shape[1]), float(metadata.get("duration") or 0.0))
+    return LoadedVideo(video, frames, metadata)
+
+
+def video_data_url(data: bytes) -> str:
+    """A base64 data URL carrying an encoded clip (its container is read from the bytes,
+    so the MIME type only says "video")."""
+    return "data:video/mp4;base64," + base64.b64encode(data).decode()
 
 
 def _check_decoded(field: str, limits: VideoLimits, frames: int, width: int,
@@ -178,7 +217,8 @@ def check_container(data: bytes, field: str, limits: VideoLimits) -> None:
                             f"{limits.max_duration_s:g} s limit (max_video_duration_s)")
 
 
-def _data_url_bytes(url: str, field: str, max_bytes: int) -> bytes:
+def data_url_bytes(url: str, field: str, max_bytes: int) -> bytes:
+    """The clip a base64 data URL carries, or :class:`RequestError` naming ``field``."""
     header, sep, payload = url.partition(",")
     if not sep or not header.endswith(";base64"):
         raise RequestError(f"{field}: a data URL must be base64 (data:video/...;base64,...)")
