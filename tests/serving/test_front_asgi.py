@@ -137,7 +137,13 @@ def test_the_tenant_reaches_the_kv_tier_and_a_client_cannot_claim_another(rig):
     sent["kv_transfer_params"] = {"vlmcache": {"tenant": "B", "bypass": False}, "other": 1}
     rig.post(sent)
     params = rig.engine.bodies[-1]["kv_transfer_params"]
-    assert params == {"vlmcache": {"bypass": False, "tenant": "A"}, "other": 1}
+    # the front minted the image's identity: scoped (its encoder output may be stored)
+    assert params == {"vlmcache": {"bypass": False, "tenant": "A", "scoped_media": True},
+                      "other": 1}
+    text_only = {"model": "m", "messages": [{"role": "user", "content": "Hi"}],
+                 "kv_transfer_params": {"vlmcache": {"scoped_media": True}}}
+    rig.post(text_only)  # a client cannot claim its media were minted by the front
+    assert "scoped_media" not in rig.engine.bodies[-1]["kv_transfer_params"]["vlmcache"]
     rig.post(chat("What else?", image(2)))  # no tenant: nothing charged to anyone
     assert "tenant" not in rig.engine.bodies[-1]["kv_transfer_params"]["vlmcache"]
 

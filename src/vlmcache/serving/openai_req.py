@@ -235,14 +235,9 @@ class _Media:
         if len(self.videos) >= self.config.max_videos_per_request:
             raise RequestError(f"{field}: more than the {self.config.max_videos_per_request} "
                                "videos allowed per request (max_videos_per_request)")
-<<<<<<< HEAD
-        video = DECODED_VIDEOS.get(url, field, _video_limits(self.config), self.sampling,
-                                   self.runtime, self.processor_kwargs,
-                                   thumbs=self.config.enable_video_near_duplicates)
-=======
         video = DECODED_VIDEOS.get(url, field, VideoLimits.from_config(self.config),
-                                   self.sampling, self.runtime, self.processor_kwargs)
->>>>>>> apivideo
+                                   self.sampling, self.runtime, self.processor_kwargs,
+                                   thumbs=self.config.enable_video_near_duplicates)
         sent = video.data_url or url
         assert isinstance(sent, str)  # checked by the decode
         query = VideoQuery(video.content_hash, video.signature, video.thumbs, sent)
