@@ -106,6 +106,9 @@ class ReuseReport:
         videos: the identity each video was sent under (BLAKE3 of its sampled frames and
             their metadata; a verified near-duplicate's canonical clip's).
         video_frames: frames the model's sampling took from each video.
+        canonical_tier: on a response-tier hit found under the canonical request's key
+            (``response_after_canonical``), the cascade tier whose canonicalization led
+            there (``text:exact``, ``embedding:vision``, ...); else ``None``.
         latency_s: request latency (engine queue to last token).
         ttft_s: time to first token, where vLLM reports it.
     """
@@ -134,6 +137,7 @@ class ReuseReport:
     kv_cost_reason: str | None = None  # issue 11: predicted load vs recompute times
     videos: tuple[str, ...] = ()  # issue 34
     video_frames: tuple[int, ...] = ()
+    canonical_tier: str | None = None  # issue 35: canonical answers
 
     @property
     def hit(self) -> bool:
@@ -172,7 +176,8 @@ class ReuseReport:
                 "gate_refused": list(self.gate_refused),
                 "latency_s": self.latency_s, "ttft_s": self.ttft_s,
                 "kv_cost_choice": self.kv_cost_choice, "kv_cost_reason": self.kv_cost_reason,
-                "videos": list(self.videos), "video_frames": list(self.video_frames)}
+                "videos": list(self.videos), "video_frames": list(self.video_frames),
+                "canonical_tier": self.canonical_tier}
 
 
 def build_report(request_id: str, res: Resolution | None, kv: KVReuse | None,

@@ -137,7 +137,8 @@ def test_the_tenant_reaches_the_kv_tier_and_a_client_cannot_claim_another(rig):
     sent["kv_transfer_params"] = {"vlmcache": {"tenant": "B", "bypass": False}, "other": 1}
     rig.post(sent)
     params = rig.engine.bodies[-1]["kv_transfer_params"]
-    assert params == {"vlmcache": {"bypass": False, "tenant": "A"}, "other": 1}
+    assert params == {"vlmcache": {"bypass": False, "tenant": "A", "scoped_media": True},
+                      "other": 1}  # every medium minted by the front (issue 34)
     rig.post(chat("What else?", image(2)))  # no tenant: nothing charged to anyone
     assert "tenant" not in rig.engine.bodies[-1]["kv_transfer_params"]["vlmcache"]
 
