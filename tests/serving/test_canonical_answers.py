@@ -34,9 +34,9 @@ def _events(response) -> list[str]:
     return [line[6:] for line in response.text.split("\n\n") if line.startswith("data: ")]
 
 
-def test_off_by_default_a_normalized_repeat_goes_to_the_engine(tmp_path):
-    rig = Rig(tmp_path)
-    assert not VlmCacheConfig().response_after_canonical
+def test_off_a_normalized_repeat_goes_to_the_engine(tmp_path):
+    rig = Rig(tmp_path, response_after_canonical=False)
+    assert VlmCacheConfig().response_after_canonical  # on by default
     rig.post(chat(QUESTION, image(3), tenant="A"))
     r = _report(rig.post(chat(SPACED, image(3), tenant="A")))
     assert r["hit_tier"] == "text:exact" and r["statuses"]["response"] == "miss"
@@ -78,7 +78,7 @@ def test_an_engine_answer_to_a_rewritten_request_is_stored_under_both_keys(tmp_p
 
 
 def test_with_the_key_off_only_the_as_sent_key_is_stored(tmp_path):
-    rig = Rig(tmp_path)
+    rig = Rig(tmp_path, response_after_canonical=False)
     rig.post(chat(QUESTION, image(3), tenant="A"))
     rig.post(chat(SPACED, image(3), tenant="A", max_tokens=8))
     r = _report(rig.post(chat(QUESTION, image(3), tenant="A", max_tokens=8)))
@@ -136,6 +136,15 @@ def test_a_streamed_engine_answer_is_stored_under_the_canonical_key(tmp_path):
     assert json.loads(_events(streamed)[-2])["vlmcache"]["hit_tier"] == "text:exact"
     r = _report(rig.post(chat(QUESTION, image(3), tenant="A", max_tokens=8)))
     assert r["hit_tier"] == "response" and len(rig.engine.bodies) == 2
+
+
+def test_a_normalized_completions_prompt_gets_the_canonical_answer(tmp_path):
+    rig = _on(tmp_path)
+    body = {"model": "m", "prompt": "Hello there", "temperature": 0, "max_tokens": 2}
+    first = rig.post(body, "/v1/completions").json()
+    r = rig.post({**body, "prompt": "hello   there"}, "/v1/completions").json()
+    assert r["vlmcache"]["hit_tier"] == "response" and r["choices"] == first["choices"]
+    assert r["vlmcache"]["canonical_tier"] == "text:exact" and len(rig.engine.bodies) == 1
 
 
 def _jpeg_chat(question: str, im, tenant: str) -> dict:
