@@ -40,6 +40,7 @@ def test_unknown_key_lists_allowed_keys():
     ({"block_size": 20}, "block_size: must be a positive multiple of 16"),
     ({"semantic_text_threshold": 1.5}, r"semantic_text_threshold: must be in \(0, 1\]"),
     ({"enable_exact": "yes"}, "enable_exact: expected bool"),
+    ({"response_after_canonical": "on"}, "response_after_canonical: expected bool"),
     ({"min_load_tokens": 0}, "min_load_tokens"),
     ({"store_path": "  "}, "store_path"),
     ({"block_size": True}, "block_size: expected int or null"),

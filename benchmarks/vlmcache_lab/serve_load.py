@@ -7,6 +7,10 @@ paraphrases (held-out rewordings), near-duplicate images (JPEG re-encodes) and a
 tenant. Per request it records the status, end-to-end latency, the deciding tier and the
 front's time per stage (``vlmcache.front_ms``); the summary has per-tier hit counts, the
 front's overhead on a miss (p50 per stage) and response-tier hit latencies.
+``--check-answers`` adds a no-cache pass (every distinct request again with
+``"vlmcache": {"bypass": true}``) and counts the answers equal to it and to easy-vqa's ground
+truth (:mod:`vlmcache_lab.answer_check`); ``--vlmcache-set KEY=VALUE`` changes a key of the
+server's vlmcache config.
 
     python benchmarks/serve.py --requests 1200 --concurrency 16 --out benchmarks/results/serve.json
 """
@@ -28,18 +32,25 @@ from vlmcache.testing.server import ServerProcess, data_url
 
 @dataclass(frozen=True)
 class LoadRequest:
-    """One request of the mix: its kind, tenant, question and image (as a data URL)."""
+    """One request of the mix: its kind, tenant, question and image (as a data URL), and
+    easy-vqa's answer to it (``truth``; a paraphrase or a re-encode keeps its source's)."""
 
     kind: str
     tenant: str
     question: str
     image_url: str
+    truth: str | None = None
+    bypass: bool = False  # the no-cache pass: every vlmcache tier skipped
 
     def body(self, model: str) -> dict[str, object]:
-        return {"model": model, "temperature": 0, "max_tokens": 4, "cache_salt": self.tenant,
-                "messages": [{"role": "user", "content": [
-                    {"type": "image_url", "image_url": {"url": self.image_url}},
-                    {"type": "text", "text": self.question}]}]}
+        body: dict[str, object] = {
+            "model": model, "temperature": 0, "max_tokens": 4, "cache_salt": self.tenant,
+            "messages": [{"role": "user", "content": [
+                {"type": "image_url", "image_url": {"url": self.image_url}},
+                {"type": "text", "text": self.question}]}]}
+        if self.bypass:
+            body["vlmcache"] = {"bypass": True}
+        return body
 
 
 def build_mix(n: int, seed: int = 0, pool: int = 60) -> list[LoadRequest]:
@@ -53,7 +64,7 @@ def build_mix(n: int, seed: int = 0, pool: int = 60) -> list[LoadRequest]:
     rng = np.random.default_rng(seed)
     samples = load_easy_vqa("test", limit=pool * 4)[::4][:pool]
     firsts = [LoadRequest("first", "tenant-a", s.question,
-                          data_url(Image.open(s.image_path))) for s in samples]
+                          data_url(Image.open(s.image_path)), s.answer) for s in samples]
     out = list(firsts)
     kinds = ("repeat", "spacing", "paraphrase", "near_duplicate", "other_tenant")
     weights = (0.45, 0.15, 0.15, 0.15, 0.10)
@@ -62,18 +73,19 @@ def build_mix(n: int, seed: int = 0, pool: int = 60) -> list[LoadRequest]:
         s, first = samples[k], firsts[k]
         kind = kinds[int(rng.choice(len(kinds), p=weights))]
         if kind == "repeat":
-            out.append(LoadRequest(kind, first.tenant, first.question, first.image_url))
+            out.append(LoadRequest(kind, first.tenant, first.question, first.image_url,
+                                   s.answer))
         elif kind == "spacing":
             out.append(LoadRequest(kind, first.tenant, "  " + s.question.capitalize() + " ",
-                                   first.image_url))
+                                   first.image_url, s.answer))
         elif kind == "paraphrase":
             out.append(LoadRequest(kind, first.tenant, paraphrase(s.question, int(rng.integers(4))),
-                                   first.image_url))
+                                   first.image_url, s.answer))
         elif kind == "near_duplicate":
             out.append(LoadRequest(kind, first.tenant, s.question,
-                                   data_url(Image.open(s.image_path), "JPEG", 90)))
+                                   data_url(Image.open(s.image_path), "JPEG", 90), s.answer))
         else:
-            out.append(LoadRequest(kind, "tenant-b", s.question, first.image_url))
+            out.append(LoadRequest(kind, "tenant-b", s.question, first.image_url, s.answer))
     head, tail = out[:len(samples)], out[len(samples):]
     rng.shuffle(tail)  # type: ignore[arg-type]
     return head + tail
@@ -113,11 +125,11 @@ async def run_load(url: str, model: str, requests: Sequence[LoadRequest],
     """Send the first ``warm`` requests (the first asks) one by one, the rest from
     ``concurrency`` clients at once."""
     rows: list[dict[str, Any]] = []
-    for stage in (list(enumerate(requests))[:warm], list(enumerate(requests))[warm:]):
+    items = list(enumerate(requests))
+    for stage, workers in ((items[:warm], 1), (items[warm:], concurrency)):
         queue: asyncio.Queue[tuple[int, LoadRequest]] = asyncio.Queue()
         for item in stage:
             queue.put_nowait(item)
-        workers = 1 if stage and stage[0][0] == 0 else concurrency
         await asyncio.gather(*(_client(url, model, queue, rows) for _ in range(workers)))
     return sorted(rows, key=lambda r: r["i"])
 
@@ -206,47 +218,100 @@ SERVER_CONFIG: dict[str, object] = {"block_size": 32, "enable_semantic_text": Tr
                                     "memory_budget": "512MiB"}
 
 
+def _args(argv: Sequence[str] | None) -> Any:
+    import argparse
+
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--requests", type=int, default=1200)
+    p.add_argument("--concurrency", type=int, default=16)
+    p.add_argument("--pool", type=int, default=60, help="distinct first questions")
+    p.add_argument("--seed", type=int, default=0, help="seed of the request mix")
+    p.add_argument("--probes", type=int, default=200,
+                   help="response-tier hits sent one at a time after the load")
+    p.add_argument("--vlmcache-set", action="append", default=[], metavar="KEY=VALUE",
+                   help="a vlmcache config key of the server (VALUE as JSON, else a string)")
+    p.add_argument("--check-answers", action="store_true",
+                   help="a no-cache pass after the load; answers checked against it and "
+                        "against easy-vqa's ground truth")
+    p.add_argument("--rows-out", default=None,
+                   help="write per-request rows (tier, answer, truth) to this JSON file")
+    p.add_argument("--out", default="benchmarks/results/serve.json")
+    return p.parse_args(argv)
+
+
+def config_overrides(pairs: Sequence[str]) -> dict[str, object]:
+    """``["response_after_canonical=true", ...]`` as config values (JSON, else strings)."""
+    import json
+
+    out: dict[str, object] = {}
+    for pair in pairs:
+        key, sep, raw = pair.partition("=")
+        if not sep or not key:
+            raise SystemExit(f"--vlmcache-set: expected KEY=VALUE, got {pair!r}")
+        try:
+            out[key] = json.loads(raw)
+        except ValueError:
+            out[key] = raw
+    return out
+
+
+def _measure(server: ServerProcess, model: str, args: Any,
+             mix: list[LoadRequest]) -> dict[str, Any]:
+    """The load, the idle probes and (``--check-answers``) the no-cache pass."""
+    t0 = time.perf_counter()
+    rows = asyncio.run(run_load(server.url, model, mix, args.concurrency, args.pool))
+    wall = time.perf_counter() - t0
+    # idle probes, one client: response-tier hits (the first asks, all answered by now)
+    # and fresh misses (a new tenant: every tier looks up and misses)
+    hits = probe(server.url, model, mix[:args.pool], args.probes, "probe_hit")
+    misses = probe(server.url, model, probe_requests(args.pool, 30), 30, "probe_miss")
+    out: dict[str, Any] = {"wall_s": round(wall, 2), **_with_load_figures(summarize(rows)),
+                           **idle_summary(hits, misses)}
+    if args.check_answers or args.rows_out:
+        from vlmcache_lab import answer_check as check
+
+        if args.check_answers:
+            reference, failed = check.no_cache_answers(server.url, model, mix,
+                                                       args.concurrency)
+            out["answers"] = {"no_cache_requests": len(reference), "no_cache_errors": failed,
+                              **check.check_answers(rows, mix, reference)}
+            out["no_cache"] = {f"{q}\n{check.image_id(u)}": a for (q, u), a in reference.items()}
+        out["e2e_ms_p50_by_kind_under_load"] = check.latency_by(rows, "kind")
+        out["rows"] = check.compact_rows(rows, mix)
+    return out
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """``python benchmarks/serve.py``: start the server, replay the mix, write the JSON."""
-    import argparse
     import json
     import platform
     import tempfile
 
     from vlmcache.models.tiny_vqa import build_tiny_vqa
 
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--requests", type=int, default=1200)
-    p.add_argument("--concurrency", type=int, default=16)
-    p.add_argument("--pool", type=int, default=60, help="distinct first questions")
-    p.add_argument("--probes", type=int, default=200,
-                   help="response-tier hits sent one at a time after the load")
-    p.add_argument("--out", default="benchmarks/results/serve.json")
-    args = p.parse_args(argv)
+    args = _args(argv)
     work = Path(tempfile.mkdtemp(prefix="vlmcache-serve-bench-"))
     model = build_tiny_vqa(work / "tiny-vqa")
-    config = {**SERVER_CONFIG, "store_path": str(work / "store")}
+    config = {**SERVER_CONFIG, "store_path": str(work / "store"),
+              **config_overrides(args.vlmcache_set)}
     server = ServerProcess(Path(model), config, work / "server.log").start()
     try:
-        mix = build_mix(args.requests, pool=args.pool)
-        t0 = time.perf_counter()
-        rows = asyncio.run(run_load(server.url, str(model), mix, args.concurrency, args.pool))
-        wall = time.perf_counter() - t0
-        # idle probes, one client: response-tier hits (the first asks, all answered by now)
-        # and fresh misses (a new tenant: every tier looks up and misses)
-        hits = probe(server.url, str(model), mix[:args.pool], args.probes, "probe_hit")
-        misses = probe(server.url, str(model), probe_requests(args.pool, 30), 30,
-                       "probe_miss")
+        measured = _measure(server, str(model), args,
+                            build_mix(args.requests, seed=args.seed, pool=args.pool))
     finally:
         server.stop()
+    rows = measured.pop("rows", None)
+    no_cache = measured.pop("no_cache", None)
     result = {"command": "python benchmarks/serve.py " + " ".join(
         sys.argv[1:] if argv is None else argv),
         "device": f"CPU only ({os.cpu_count()} cores, {platform.processor() or platform.machine()})"
                   f", vLLM-CPU, tiny-vqa, one `vlmcache serve` process layout (API server, "
                   "EngineCore, worker), loopback HTTP",
-        "concurrency": args.concurrency, "server_config": config, "wall_s": round(wall, 2),
-        **_with_load_figures(summarize(rows)), **idle_summary(hits, misses)}
+        "concurrency": args.concurrency, "seed": args.seed, "server_config": config,
+        **measured}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    if args.rows_out:
+        Path(args.rows_out).write_text(json.dumps({"rows": rows, "no_cache": no_cache}) + "\n")
     print(json.dumps({k: v for k, v in result.items() if k != "server_config"}, indent=2))
     return 0 if result["errors"] == 0 else 1

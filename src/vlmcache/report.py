@@ -110,6 +110,9 @@ class ReuseReport:
             frames (Qwen2-VL: yes; LLaVA-NeXT-Video: no; ``None``: not known or no video).
             Videos are reused per clip either way (vLLM encodes a video as one item); where
             frames are encoded apart, a stream sent as images reuses each frame.
+        canonical_tier: on a response-tier hit found under the canonical request's key
+            (``response_after_canonical``), the cascade tier whose canonicalization led
+            there (``text:exact``, ``embedding:vision``, ...); else ``None``.
         latency_s: request latency (engine queue to last token).
         ttft_s: time to first token, where vLLM reports it.
     """
@@ -139,6 +142,7 @@ class ReuseReport:
     videos: tuple[str, ...] = ()  # issue 34
     video_frames: tuple[int, ...] = ()
     video_encoder_mixes_frames: bool | None = None
+    canonical_tier: str | None = None  # issue 35: canonical answers
 
     @property
     def hit(self) -> bool:
@@ -178,7 +182,8 @@ class ReuseReport:
                 "latency_s": self.latency_s, "ttft_s": self.ttft_s,
                 "kv_cost_choice": self.kv_cost_choice, "kv_cost_reason": self.kv_cost_reason,
                 "videos": list(self.videos), "video_frames": list(self.video_frames),
-                "video_encoder_mixes_frames": self.video_encoder_mixes_frames}
+                "video_encoder_mixes_frames": self.video_encoder_mixes_frames,
+                "canonical_tier": self.canonical_tier}
 
 
 def build_report(request_id: str, res: Resolution | None, kv: KVReuse | None,

@@ -25,7 +25,10 @@ def server(tiny_vqa_model, tmp_path_factory):
     root = tmp_path_factory.mktemp("serve")
     config = {"store_path": str(root / "store"), "block_size": 32,
               "enable_semantic_text": True, "enable_image_embedding": True,
-              "max_image_bytes": 200_000, "memory_budget": "512MiB"}
+              "max_image_bytes": 200_000, "memory_budget": "512MiB",
+              # these tests check what the cascade's rewrites reach the engine with; the
+              # canonical answers are test_canonical_answers.py's (and the serve benchmark's)
+              "response_after_canonical": False}
     proc = ServerProcess(tiny_vqa_model, config, root / "server.log").start()
     yield proc
     proc.stop()

@@ -112,7 +112,8 @@ def test_seeded_sampling_is_deterministic_enough_for_the_response_tier(rig):
     assert other_seed["statuses"]["response"] == "miss"
 
 
-def test_spacing_and_sentence_case_hit_the_exact_tier_and_send_the_cached_text(rig):
+def test_spacing_and_sentence_case_hit_the_exact_tier_and_send_the_cached_text(tmp_path):
+    rig = Rig(tmp_path, response_after_canonical=False)  # else the stored answer is sent
     rig.post(chat("What colour is the circle?", image(3), tenant="A"))
     r = rig.post(chat("  what   colour is the circle? ", image(3), tenant="A"))
     assert r.json()["vlmcache"]["hit_tier"] == "text:exact"
@@ -251,7 +252,8 @@ def test_bypass_skips_every_tier_but_still_mints_identities(rig):
     assert r.json()["vlmcache"]["statuses"]["response"] == "skip"
 
 
-def test_completions_endpoint_and_other_routes(rig):
+def test_completions_endpoint_and_other_routes(tmp_path):
+    rig = Rig(tmp_path, response_after_canonical=False)  # the engine gets the cached text
     body = {"model": "m", "prompt": "Hello there", "temperature": 0, "max_tokens": 2}
     rig.post(body, "/v1/completions")
     r = rig.post({**body, "prompt": "hello   there"}, "/v1/completions")

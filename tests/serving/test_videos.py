@@ -61,7 +61,7 @@ def test_sampling_decides_the_identity_as_the_engine_samples():
 
 
 def test_repeats_hit_the_response_and_exact_tiers_and_tenants_never_share(tmp_path):
-    rig = Rig(tmp_path)
+    rig = Rig(tmp_path, response_after_canonical=False)  # the exact tier reaches the engine
     mkv, avi = clip_bytes(clip_frames(), "ffv1"), clip_bytes(clip_frames(), "huffyuv")
     first = rig.post(video_chat("What moves?", mkv, tenant="A"))
     assert first.status_code == 200, first.text

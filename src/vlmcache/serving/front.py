@@ -25,7 +25,7 @@ from vlmcache.errors import RequestError
 from vlmcache.report import EncoderReuse, KVReuse, ReuseReport, build_report
 from vlmcache.serving.metrics import FrontMetrics
 from vlmcache.serving.openai_req import Endpoint, ParsedRequest, load_body, parse_request
-from vlmcache.serving.rewrite import rewrite_body
+from vlmcache.serving.rewrite import forward_identity, rewrite_body
 from vlmcache.tiers.response import (LocalRecordStore, RecordStore, ResponseTier,
                                      canonical_request, is_deterministic)
 from vlmcache.vllm.video_io import VideoSampling
@@ -50,6 +50,9 @@ class FrontPlan:
     forward: dict[str, Any] | None
     started: float
     stages: dict[str, float] = field(default_factory=dict)
+    #: The response-tier key of the canonical request (``response_after_canonical``), when
+    #: the cascade rewrote this one; ``cached`` came from it if it is set and not ``None``.
+    canonical_key: str | None = None
 
 
 class CascadeFront:
@@ -124,8 +127,12 @@ class CascadeFront:
             plan.resolution = self._resolve(req)
         t_cascade = time.perf_counter()
         plan.forward = rewrite_body(req, plan.resolution, self.config)
+        t_rewrite = time.perf_counter()
         plan.stages["cascade"] = t_cascade - t_response
-        plan.stages["rewrite"] = time.perf_counter() - t_cascade
+        plan.stages["rewrite"] = t_rewrite - t_cascade
+        if self.config.response_after_canonical:
+            self._lookup_canonical(plan)
+            plan.stages["canonical_lookup"] = time.perf_counter() - t_rewrite
         return plan
 
     def _resolve(self, req: ParsedRequest) -> Resolution | None:
@@ -153,6 +160,27 @@ class CascadeFront:
         plan.cached = self.responses.lookup(key)
         plan.response_status = "hit" if plan.cached is not None else "miss"
 
+    def _lookup_canonical(self, plan: FrontPlan) -> None:
+        """After a rewrite, ask the response tier for the canonical request's answer.
+
+        The key is the identity of the body the engine would get: the engine's answer to it
+        is by definition what a stored answer under that key holds. Only where the as-sent
+        lookup ran (deterministic sampling, not bypassed or opted out) and the key differs
+        from the as-sent one (an unchanged request already missed under it).
+        """
+        req, res = plan.request, plan.resolution
+        if self.responses is None or plan.response_key is None or res is None \
+                or plan.forward is None or not _canonicalized(req, res):
+            return
+        key = self.responses.key(canonical_request(
+            req.endpoint, forward_identity(req, res, plan.forward)), req.tenant)
+        if key == plan.response_key:
+            return
+        plan.canonical_key = key
+        plan.cached = self.responses.lookup(key)
+        if plan.cached is not None:
+            plan.response_status = "hit"
+
     # ---- answers ---------------------------------------------------------------------------
 
     def cached_response(self, plan: FrontPlan) -> dict[str, Any]:
@@ -162,15 +190,11 @@ class CascadeFront:
         prefix = "chatcmpl" if plan.request.endpoint == "chat" else "cmpl"
         body["id"] = f"{prefix}-vlmc-{secrets.token_hex(12)}"
         body["created"] = int(time.time())
-        usage = body.get("usage") if isinstance(body.get("usage"), dict) else {}
-        report = ReuseReport(
-            request_id=body["id"], hit_tier=RESPONSE_TIER, statuses={RESPONSE_TIER: "hit"},
-            similarity=1.0, canonical_prompt=None,
-            prompt_tokens=int(usage.get("prompt_tokens") or 0), tokens_loaded=0,
-            tokens_from_prefix_cache=0, tokens_computed=0, blocks_saved=0,
-            load_failed_blocks=0, latency_s=time.perf_counter() - plan.started,
-            videos=plan.request.video_hashes, video_frames=plan.request.video_frames,
-            video_encoder_mixes_frames=self._mixes(plan))
+        report = dataclasses.replace(_cached_report(plan, body),
+                                     video_encoder_mixes_frames=self._mixes(plan))
+        if plan.canonical_key is not None and plan.resolution is not None:
+            # as the engine path would: the request's images and question become findable
+            self._recorder.submit(self._remember_logged, plan.request, plan.resolution, report)
         self._observe(plan, report)
         body["vlmcache"] = report_body(plan, report)
         return body
@@ -190,8 +214,10 @@ class CascadeFront:
         req, res = plan.request, plan.resolution
         if plan.response_key is not None and self.responses is not None \
                 and all(c.get("finish_reason") in STORABLE_FINISH for c in body["choices"]):
-            self.responses.record(plan.response_key,
-                                  {k: v for k, v in body.items() if k not in _UNSTORED})
+            stored = {k: v for k, v in body.items() if k not in _UNSTORED}
+            self.responses.record(plan.response_key, stored)
+            if plan.canonical_key is not None:  # the engine ran the canonical request
+                self.responses.record(plan.canonical_key, stored)
         if res is not None:
             self._recorder.submit(self._remember_logged, req, res, report)
         plan.stages["capture"] = time.perf_counter() - t0
@@ -268,6 +294,39 @@ class CascadeFront:
         self._recorder.shutdown(wait=True)
         with self._lock:
             self.cascade.flush()
+
+
+def _canonicalized(req: ParsedRequest, res: Resolution) -> bool:
+    """Whether the cascade sends other text or other media than the request's own."""
+    media = req.image_hashes + req.video_hashes
+    return (req.transcript is not None and res.prompt != req.transcript) \
+        or (bool(res.media_hashes) and res.media_hashes != media)
+
+
+def _cached_report(plan: FrontPlan, body: dict[str, Any]) -> ReuseReport:
+    """The report of a response-tier hit; one found under the canonical key also says how
+    the cascade got there (its statuses, tier, score, canonical text and images)."""
+    req = plan.request
+    usage = body.get("usage") if isinstance(body.get("usage"), dict) else {}
+    report = ReuseReport(
+        request_id=body["id"], hit_tier=RESPONSE_TIER, statuses={RESPONSE_TIER: "hit"},
+        similarity=1.0, canonical_prompt=None,
+        prompt_tokens=int(usage.get("prompt_tokens") or 0), tokens_loaded=0,
+        tokens_from_prefix_cache=0, tokens_computed=0, blocks_saved=0,
+        load_failed_blocks=0, latency_s=time.perf_counter() - plan.started,
+        videos=req.video_hashes, video_frames=req.video_frames)
+    res = plan.resolution
+    if plan.canonical_key is None or res is None:
+        return report
+    rw = res.rewrite
+    images = rw is not None and res.images is not None  # the canonical pixels were sent
+    return dataclasses.replace(
+        report, statuses={RESPONSE_TIER: "hit", **res.statuses}, similarity=res.similarity,
+        canonical_prompt=res.matched.canonical_prompt if res.matched else None,
+        canonical_question=rw.canonical_question if rw is not None else None,
+        canonical_images=rw.canonical_images if rw is not None and images else (),
+        image_similarity=rw.image_scores if rw is not None and images else (),
+        videos=res.video_hashes or req.video_hashes, canonical_tier=res.hit_tier)
 
 
 def report_body(plan: FrontPlan, report: ReuseReport) -> dict[str, Any]:

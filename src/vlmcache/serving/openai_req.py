@@ -114,16 +114,24 @@ class ParsedRequest:
 
     def identity_body(self) -> dict[str, Any]:
         """The body with each image replaced by its content identity (response-tier key)."""
-        body = {k: v for k, v in self.body.items() if k != "cache_salt"}
+        return self.identity_of(self.body, self.image_hashes, self.video_hashes)
+
+    def identity_of(self, body: Mapping[str, Any], image_hashes: tuple[str, ...],
+                    video_hashes: tuple[str, ...]) -> dict[str, Any]:
+        """``body`` (this request's own, or the body forwarded for it, whose media parts sit
+        where this request's do) with its ``cache_salt`` dropped and each image and video
+        part replaced by the given content identity: one normalization for the as-sent and
+        the canonical response-tier keys, so a canonical request's stored answer is found."""
+        out = {k: v for k, v in body.items() if k != "cache_salt"}
         if self.endpoint == "chat" and (self.images or self.videos):
-            body["messages"] = copy.deepcopy(body["messages"])
-            for ref in self.images:
-                body["messages"][ref.message]["content"][ref.part] = {
-                    "type": "image", "sha256": ref.content_hash}
-            for vid in self.videos:
-                body["messages"][vid.message]["content"][vid.part] = {
-                    "type": "video", "blake3": vid.content_hash}
-        return body
+            out["messages"] = copy.deepcopy(out["messages"])
+            for ref, image_hash in zip(self.images, image_hashes, strict=True):
+                out["messages"][ref.message]["content"][ref.part] = {
+                    "type": "image", "sha256": image_hash}
+            for vid, video_hash in zip(self.videos, video_hashes, strict=True):
+                out["messages"][vid.message]["content"][vid.part] = {
+                    "type": "video", "blake3": video_hash}
+        return out
 
 
 def load_body(raw: bytes) -> dict[str, Any]:

@@ -42,6 +42,26 @@ def rewrite_body(req: ParsedRequest, res: Resolution | None,
     return body
 
 
+def sent_media_hashes(req: ParsedRequest,
+                      res: Resolution | None) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The content identities of the images and videos the forwarded body carries: the
+    canonical ones where the cascade canonicalized them, else the request's own."""
+    images = res.image_hashes if res is not None and res.image_hashes else req.image_hashes
+    videos = res.video_hashes if res is not None and res.video_hashes else req.video_hashes
+    return images, videos
+
+
+def forward_identity(req: ParsedRequest, res: Resolution | None,
+                     forward: dict[str, Any]) -> dict[str, Any]:
+    """The response-tier identity of what the engine is sent for ``req``: ``forward`` (the
+    :func:`rewrite_body` of ``req`` and ``res``) normalized as
+    :meth:`ParsedRequest.identity_body` normalizes a body as sent. For a request the cascade
+    left alone this equals the as-sent identity; for a canonicalized one it is the identity
+    of the canonical request, so its stored answer is found (tenant, sampling fields and
+    media identities stay in it)."""
+    return req.identity_of(forward, *sent_media_hashes(req, res))
+
+
 def bind_tenant(body: dict[str, Any], tenant: str | None,
                 config: VlmCacheConfig) -> dict[str, Any]:
     """A body for a route outside the cascade (``/v1/responses``, ``/invocations``, ...):
@@ -161,7 +181,7 @@ def _set_text(msg: dict[str, Any], j: int | None, text: str) -> None:
 
 def _rewrite_images(body: dict[str, Any], req: ParsedRequest, res: Resolution | None,
                     config: VlmCacheConfig) -> None:
-    hashes = res.image_hashes if res is not None and res.image_hashes else req.image_hashes
+    hashes = sent_media_hashes(req, res)[0]
     pixels = res.images if res is not None else None
     for k, ref in enumerate(req.images):
         part = body["messages"][ref.message]["content"][ref.part]
@@ -184,7 +204,7 @@ def _rewrite_videos(body: dict[str, Any], req: ParsedRequest, res: Resolution | 
     """Each video part gets the identity of its sampled frames (tenant-scoped): a re-muxed
     copy of a clip then reaches vLLM's caches, and ours, as the clip already seen; a
     verified near-duplicate gets the canonical clip's bytes and identity."""
-    hashes = res.video_hashes if res is not None and res.video_hashes else req.video_hashes
+    hashes = sent_media_hashes(req, res)[1]
     urls = res.video_urls if res is not None and res.video_urls else (None,) * len(hashes)
     for k, ref in enumerate(req.videos):
         url = urls[k] or ref.query.url  # canonical bytes, or (fetched) the request's own
