@@ -29,9 +29,19 @@ def video_llm(tmp_path_factory):
                             enable_video_near_duplicates=True, tenant_salt="api-video-salt")
     args = {**engine_args(), "limit_mm_per_prompt": {"video": 1},
             "media_io_kwargs": {"video": {"num_frames": FRAMES}}}
-    llm = CachedLLM(str(model), config, engine_args=args)
+    import os
+
+    from vlmcache.tenant_secret import SALT_ENV
+
+    before = os.environ.get(SALT_ENV)
+    llm = CachedLLM(str(model), config, engine_args=args)  # puts the salt in os.environ
     yield llm
     llm.close()
+    # later servers of this test session read their store's own salt, not this one
+    if before is None:
+        os.environ.pop(SALT_ENV, None)
+    else:
+        os.environ[SALT_ENV] = before
 
 
 def ask(llm, clip: bytes, tenant: str = "acme"):
