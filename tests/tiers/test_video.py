@@ -7,7 +7,7 @@ import pytest
 
 from vlmcache.testing.clips import synthetic_frames, write_clip
 from vlmcache.tiers.video import (VideoQuery, VideoSignature, VideoTier, canonical_videos,
-                                  video_thumbnails)
+                                  time_offset, video_thumbnails)
 from vlmcache.vllm.video_io import VideoSampling, load_video
 
 THRESHOLD = 0.17  # the shipped image-verifier calibration
@@ -89,3 +89,37 @@ def test_memory_is_bounded_and_one_tenant_holds_at_most_half(clip):
     flood = [h for (t, h) in tier._entries if t == "flood"]
     assert flood == ["a3", "a4"] and ("quiet", "b") in tier._entries
     assert tier._bytes <= tier.budget_bytes
+
+
+def _pan(start: int, n: int = 16, step: int = 1) -> np.ndarray:
+    """A camera window panning ``step`` px a frame across a still (slow: one source frame
+    moves less than the verifier notices)."""
+    still = synthetic_frames(5, 1, 256, 320)[0]
+    return np.stack([still[64:192, 40 + step * t:200 + step * t] for t in range(start, start + n)])
+
+
+@pytest.mark.parametrize("codec", ["ffv1", "mp4v"])
+@pytest.mark.parametrize("step", [1, 2])
+def test_a_slow_pan_started_one_frame_later_is_refused(codec, step):
+    # sampled every 2 frames, each shifted frame passed the threshold and lay nearer its
+    # own index than the neighbours: the time-offset check is what refuses it
+    tier = VideoTier(THRESHOLD, 64 * 1024**2)
+    tier.record(_query(_pan(0, step=step)), "t")
+    assert tier.lookup(_query(_pan(1, step=step), codec, name="later"), "t") is None
+    assert tier.lookup(_query(_pan(0, step=step), "mjpg", name="copy"), "t") is not None
+
+
+def test_time_offset_measures_the_share_of_a_step():
+    clip = _pan(0, n=17).astype(np.float32)
+    thumbs = video_thumbnails(clip.astype(np.uint8))
+    # every other frame as the candidate; the frames one later as the query
+    share, correlation = time_offset(thumbs[1::2][:8], thumbs[0::2][:8])
+    assert 0.3 < share < 0.7 and correlation > 0.5
+    assert time_offset(thumbs[0::2][:8], thumbs[0::2][:8]) == (0.0, 0.0)
+
+
+def test_a_still_clip_has_no_time_offset():
+    still = np.repeat(synthetic_frames(6, 1, 128, 128), 8, axis=0)
+    noisy = np.clip(still + np.random.default_rng(0).normal(0, 4, still.shape), 0, 255)
+    share, _ = time_offset(video_thumbnails(noisy.astype(np.uint8)), video_thumbnails(still))
+    assert share == 0.0  # nothing moves: no step to be offset along
