@@ -20,7 +20,8 @@ from typing import Any, Optional
 import numpy as np
 
 from vlmcache_lab.fidelity_data import ShapeAttrs
-from vlmcache_lab.fidelity_variants import Variant, VariantFn, brightness, jpeg, noise, shift
+from vlmcache_lab.fidelity_variants import (SEPIA, Variant, VariantFn, brightness,
+                                            desaturated_arr, greyscale_arr, jpeg, noise, shift)
 
 #: Photographs by name: (package, what loads it). Colour photographs only: a greyscale
 #: one has no colour for an edit to change.
@@ -93,10 +94,6 @@ def _img(arr: np.ndarray) -> Any:
     return Image.fromarray(np.clip(arr, 0, 255).round().astype(np.uint8), "RGB")
 
 
-def _luma(arr: np.ndarray) -> np.ndarray:
-    return arr @ np.array([0.299, 0.587, 0.114], np.float32)
-
-
 def _hard(arr: np.ndarray, attrs: ShapeAttrs) -> Variant:
     """A recoloured image asked the colour question (its answer is what changed)."""
     return Variant(_img(arr), COLOUR_Q, ShapeAttrs(attrs.shape, "?"), gt="")
@@ -104,17 +101,13 @@ def _hard(arr: np.ndarray, attrs: ShapeAttrs) -> Variant:
 
 def greyscale(image: Any, attrs: ShapeAttrs, rng: np.random.Generator,
               q: str) -> Optional[Variant]:
-    arr = _arr(image)
-    return _hard(np.repeat(_luma(arr)[..., None], 3, axis=2), attrs)
+    return _hard(greyscale_arr(_arr(image)), attrs)
 
 
 def desaturate(image: Any, attrs: ShapeAttrs, rng: np.random.Generator,
                q: str) -> Optional[Variant]:
     """Saturation down to 25-40% (a photo editor's saturation slider at -60..-75)."""
-    arr = _arr(image)
-    keep = float(rng.uniform(0.25, 0.40))
-    grey = _luma(arr)[..., None]
-    return _hard(grey + keep * (arr - grey), attrs)
+    return _hard(desaturated_arr(_arr(image), float(rng.uniform(0.25, 0.40))), attrs)
 
 
 def temperature(image: Any, attrs: ShapeAttrs, rng: np.random.Generator,
@@ -136,13 +129,9 @@ def tint(image: Any, attrs: ShapeAttrs, rng: np.random.Generator,
     return _hard(_arr(image) * gains, attrs)
 
 
-_SEPIA = np.array([[0.393, 0.769, 0.189], [0.349, 0.686, 0.168], [0.272, 0.534, 0.131]],
-                  np.float32)
-
-
 def sepia(image: Any, attrs: ShapeAttrs, rng: np.random.Generator,
           q: str) -> Optional[Variant]:
-    return _hard(_arr(image) @ _SEPIA.T, attrs)
+    return _hard(_arr(image) @ SEPIA.T, attrs)
 
 
 def _hsv(image: Any) -> np.ndarray:

@@ -137,7 +137,24 @@ def recolour_hue(image: Any, attrs: ShapeAttrs, rng: np.random.Generator,
                    gt="no")
 
 
-def _colour_edit(image: Any, attrs: ShapeAttrs, arr: np.ndarray) -> Variant:
+#: Sepia toning's colour matrix (the common photo-editor one).
+SEPIA = np.array([[0.393, 0.769, 0.189], [0.349, 0.686, 0.168], [0.272, 0.534, 0.131]],
+                 np.float32)
+
+
+def greyscale_arr(arr: np.ndarray) -> np.ndarray:
+    """``(H, W, 3)`` float RGB in greyscale (BT.601 luma in every channel)."""
+    luma = arr @ np.array([0.299, 0.587, 0.114], np.float32)
+    return np.repeat(luma[..., None], 3, axis=2)
+
+
+def desaturated_arr(arr: np.ndarray, keep: float) -> np.ndarray:
+    """``arr`` with ``keep`` of its saturation (a photo editor's saturation slider)."""
+    grey = greyscale_arr(arr)
+    return grey + keep * (arr - grey)
+
+
+def _colour_edit(attrs: ShapeAttrs, arr: np.ndarray) -> Variant:
     return Variant(_img(arr), f"is there a {attrs.color} shape?", ShapeAttrs(attrs.shape, "?"),
                    gt="no")
 
@@ -147,8 +164,7 @@ def recolour_greyscale(image: Any, attrs: ShapeAttrs, rng: np.random.Generator,
     """The whole image in greyscale (a photo editor's black & white); None for hueless."""
     if attrs.color in _HUELESS:
         return None
-    luma = _arr(image) @ np.array([0.299, 0.587, 0.114], np.float32)
-    return _colour_edit(image, attrs, np.repeat(luma[..., None], 3, axis=2))
+    return _colour_edit(attrs, greyscale_arr(_arr(image)))
 
 
 def recolour_desaturate(image: Any, attrs: ShapeAttrs, rng: np.random.Generator,
@@ -156,9 +172,7 @@ def recolour_desaturate(image: Any, attrs: ShapeAttrs, rng: np.random.Generator,
     """Saturation down to 25-40% (red turns a greyish pink); None for hueless."""
     if attrs.color in _HUELESS:
         return None
-    arr = _arr(image)
-    grey = (arr @ np.array([0.299, 0.587, 0.114], np.float32))[..., None]
-    return _colour_edit(image, attrs, grey + float(rng.uniform(0.25, 0.40)) * (arr - grey))
+    return _colour_edit(attrs, desaturated_arr(_arr(image), float(rng.uniform(0.25, 0.40))))
 
 
 def recolour_sepia(image: Any, attrs: ShapeAttrs, rng: np.random.Generator,
@@ -166,9 +180,7 @@ def recolour_sepia(image: Any, attrs: ShapeAttrs, rng: np.random.Generator,
     """Sepia toning (every colour turns a shade of brown); None for hueless and brown."""
     if attrs.color in (*_HUELESS, "brown"):
         return None
-    sepia = np.array([[0.393, 0.769, 0.189], [0.349, 0.686, 0.168], [0.272, 0.534, 0.131]],
-                     np.float32)
-    return _colour_edit(image, attrs, _arr(image) @ sepia.T)
+    return _colour_edit(attrs, _arr(image) @ SEPIA.T)
 
 
 def mirror(image: Any, attrs: ShapeAttrs, rng: np.random.Generator,
