@@ -11,7 +11,8 @@ from vlmcache_lab.fidelity_clips import (FRAMES, NUM_FRAMES, SIZE, encode, photo
 from vlmcache_lab.fidelity_data import Probe, ShapeAttrs
 from vlmcache_lab.fidelity_photos import (PHOTO, PHOTO_HARD, TEST_PHOTOS, TRAIN_PHOTOS,
                                           load_photo, views)
-from vlmcache_lab.fidelity_summary import Row, outcome, summarize, targets
+from vlmcache_lab.fidelity_summary import (Row, outcome, row_json, rows_from_json, summarize,
+                                           targets)
 from vlmcache_lab.fidelity_video import _decode, run_videos
 
 
@@ -77,7 +78,13 @@ def test_video_and_photo_targets():
                       source="c"), hit_tier="video", canonical_image="c"),
             Row(Probe("photo:benign_jpeg_q35", None, "q", PHOTO, "p:photo:benign_jpeg_q35",
                       True, source="p"), canonical_image="p:photo:benign_noise_s6")]
+    rows.append(Row(Probe("seed", None, "", a, "c", False, source="c")))
+    rows.append(Row(Probe("seed", None, "what color is the shape?", PHOTO, "p", False,
+                          source="p")))
+    as_json = [row_json(r) for r in rows]  # seeds of clips and photographs: no truth
+    assert [r["gt"] for r in as_json] == [None] * 5
     variants = summarize(rows)
+    assert summarize(rows_from_json(as_json)) == variants
     assert variants["video:benign_remux"]["accuracy"] is None
     t = targets(variants)
     assert t["video_hard_negative_hits"] == {"video:hard_reversed": 1}

@@ -18,6 +18,7 @@ from vlmcache_lab.fidelity_data import Probe, ShapeAttrs
 TEXT_TIERS = ("embedding:prompt", "semantic_text")
 MEDIA_PREFIXES = ("benign", "hard", "photo:", "video:")
 _NO_TRUTH = ("photo:", "video:")
+_NO_TRUTH_ATTRS = ("photo", "video")  # the seeds of photographs and clips
 
 
 @dataclass
@@ -30,6 +31,11 @@ class Row:
     hit_tier: str | None = None
     canonical_image: str | None = None  # the seed id (or probe id) it was mapped to
     canonical_question: str | None = None
+
+
+def has_truth(probe: Probe) -> bool:
+    """Whether easy-vqa's ground truth answers the probe (not a photograph's or clip's)."""
+    return not probe.category.startswith(_NO_TRUTH) and probe.attrs.shape not in _NO_TRUTH_ATTRS
 
 
 def is_benign(kind: str) -> bool:
@@ -123,7 +129,7 @@ def row_json(row: Row) -> dict[str, Any]:
     """One row as the results file keeps it."""
     return {"kind": row.probe.category, "image": row.probe.image_id,
             "source": row.probe.source, "question": row.probe.question,
-            "gt": None if row.probe.category.startswith(_NO_TRUTH) else row.probe.gt,
+            "gt": row.probe.gt if has_truth(row.probe) else None,
             "on": row.on, "off": row.off, "hit_tier": row.hit_tier,
             "canonical_image": row.canonical_image,
             "canonical_question": row.canonical_question, "meaning": row.probe.meaning,

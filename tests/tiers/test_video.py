@@ -6,11 +6,13 @@ import numpy as np
 import pytest
 
 from vlmcache.testing.clips import synthetic_frames, write_clip
+from vlmcache.tiers import calibration
 from vlmcache.tiers.video import (VideoQuery, VideoSignature, VideoTier, canonical_videos,
                                   time_offset, video_thumbnails)
 from vlmcache.vllm.video_io import VideoSampling, load_video
 
-THRESHOLD = 0.17  # the shipped image-verifier calibration
+#: the shipped image-verifier calibration's pick (the cascade gives the video tier this one)
+THRESHOLD = calibration.threshold("image_verify", None, 0.01)
 
 
 def _query(frames: np.ndarray, codec: str = "ffv1", name: str = "a", n: int = 8) -> VideoQuery:
