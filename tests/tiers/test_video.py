@@ -7,8 +7,9 @@ import pytest
 
 from vlmcache.testing.clips import synthetic_frames, write_clip
 from vlmcache.tiers import calibration
-from vlmcache.tiers.video import (VideoQuery, VideoSignature, VideoTier, canonical_videos,
-                                  time_offset, video_thumbnails)
+from vlmcache.tiers.verify import aligned_distance
+from vlmcache.tiers.video import (FRAME_EXCESS_MAX, VideoQuery, VideoSignature, VideoTier,
+                                  canonical_videos, time_offset, video_thumbnails)
 from vlmcache.vllm.video_io import VideoSampling, load_video
 
 #: the shipped image-verifier calibration's pick (the cascade gives the video tier this one)
@@ -125,3 +126,19 @@ def test_a_still_clip_has_no_time_offset():
     noisy = np.clip(still + np.random.default_rng(0).normal(0, 4, still.shape), 0, 255)
     share, _ = time_offset(video_thumbnails(noisy.astype(np.uint8)), video_thumbnails(still))
     assert share == 0.0  # nothing moves: no step to be offset along
+
+
+def test_a_faint_object_in_one_frame_is_refused_though_the_frame_passes():
+    # a dark box on the clip's dark corner: the frame alone passes the image threshold,
+    # but no re-encode makes one frame stand out from the rest
+    clip = synthetic_frames(3, n=16)
+    edited = clip.copy()
+    patch = edited[6, 4:40, 4:40].astype(np.int16)
+    edited[6, 4:40, 4:40] = np.clip(patch + 28, 0, 255).astype(np.uint8)
+    canon, query = _query(clip), _query(edited, "ffv1", name="faint")
+    frame = aligned_distance(query.thumbs[3].astype(np.float32),
+                             canon.thumbs[3].astype(np.float32))
+    assert FRAME_EXCESS_MAX < frame <= THRESHOLD
+    tier = VideoTier(THRESHOLD, 64 * 1024**2)
+    tier.record(canon, "t")
+    assert tier.lookup(query, "t") is None

@@ -14,7 +14,11 @@ and a frame rate within ``FPS_TOLERANCE``: a processor may read it). It is accep
 2. the frames are not better aligned one step off (frame i nearer the candidate's i+1
    or i-1, summed over the clip): a clip shifted by a whole sampling step fails it, where
    slow motion keeps each frame within the threshold of its neighbour;
-3. the frames are not the candidate's moved part of the way along in time
+3. no frame stands out: a codec or a resize treats every frame alike, so a frame whose
+   distance exceeds the clip's median frame distance by more than ``FRAME_EXCESS_MAX``
+   was edited on its own (an object in one frame that, faint, still passes the image
+   threshold: a dark box on a dark background);
+4. the frames are not the candidate's moved part of the way along in time
    (:func:`time_offset`): a clip that starts one source frame later (or earlier) is
    sampled between the candidate's frames, each frame within the threshold of the
    candidate's and nearer it than its neighbours when the camera or objects move slowly,
@@ -48,6 +52,10 @@ FPS_TOLERANCE = 0.005
 #: A clip is refused as shifted when one step off is nearer than this share of aligned
 #: (a static clip is as near either way: shifting it changes nothing the model sees).
 SHIFT_MARGIN = 0.5
+#: The most one frame's distance may exceed the clip's median frame distance: re-encodes,
+#: re-muxes, other codecs and resizes of the fidelity benchmark's train clips at most
+#: 0.061; an object added to one frame at least 0.110.
+FRAME_EXCESS_MAX = 0.085
 #: A clip whose frames lie this far (a share of the step to the candidate's neighbouring
 #: sampled frame) along the clip's motion, with at least ``TIME_OFFSET_CORRELATION`` of
 #: its difference along it, is refused as moved in time: a one-frame shift with a frame
@@ -162,23 +170,25 @@ class VideoTier:
 
 
 def verify_frames(query: np.ndarray, cand: np.ndarray, threshold: float) -> float | None:
-    """The largest per-frame distance if every frame passes and the clip is not better
-    aligned one frame off (module docstring); ``None`` when the candidate is refused."""
+    """The largest per-frame distance if every frame passes, none stands out, and the
+    clip is neither better aligned one frame off nor moved in time (module docstring);
+    ``None`` when the candidate is refused."""
     if query.shape != cand.shape:
         return None
     q, c = query.astype(np.float32), cand.astype(np.float32)
-    worst, aligned, off = 0.0, 0.0, [0.0, 0.0]
+    distances = []
     for i in range(len(q)):
-        d = aligned_distance(q[i], c[i])
-        if d > threshold:
+        distances.append(aligned_distance(q[i], c[i]))
+        if distances[-1] > threshold:
             return None
-        worst, aligned = max(worst, d), aligned + d
+    worst, aligned, off = max(distances), sum(distances), [0.0, 0.0]
+    if worst - float(np.median(distances)) > FRAME_EXCESS_MAX:
+        return None  # one frame edited on its own
     if len(q) > 1:
         off[0] = sum(aligned_distance(q[i], c[i + 1]) for i in range(len(q) - 1))
         off[1] = sum(aligned_distance(q[i + 1], c[i]) for i in range(len(q) - 1))
         # compared over the same frames: a one-step shift is nearer off than aligned
-        head = aligned - aligned_distance(q[-1], c[-1])
-        tail = aligned - aligned_distance(q[0], c[0])
+        head, tail = aligned - distances[-1], aligned - distances[0]
         if off[0] < SHIFT_MARGIN * head or off[1] < SHIFT_MARGIN * tail:
             return None
         share, correlation = time_offset(q, c)
