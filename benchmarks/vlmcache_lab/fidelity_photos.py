@@ -8,8 +8,8 @@ nor any view of it, is ever used to pick a threshold.
 A photograph gives several *views* (crops of 55-85% of its short side at a random place,
 resized to 256x192): distinct images of one scene, the canonical images of the run.
 Hard negatives are colour edits whose answer to a colour question changes (greyscale,
-saturation down, warmer/cooler white balance, green/magenta tint, sepia, one hue band
-recoloured, the whole hue turned, channels swapped); benign variants are the easy-vqa
+saturation down, white balance and tint moved against the picture's own cast, sepia, one
+hue band recoloured, the whole hue turned, channels swapped); benign variants are the easy-vqa
 ones adapted to a photograph's size (a crop need not keep a shape inside).
 """
 
@@ -110,23 +110,31 @@ def desaturate(image: Any, attrs: ShapeAttrs, rng: np.random.Generator,
     return _hard(desaturated_arr(_arr(image), float(rng.uniform(0.25, 0.40))), attrs)
 
 
+def _against_cast(arr: np.ndarray, towards: np.ndarray) -> float:
+    """+1 or -1: the sign that moves the picture's colour balance against its own cast
+    along ``towards`` (a warm picture is made cooler: warming a red retina only clips)."""
+    return -1.0 if float((arr.reshape(-1, 3).mean(axis=0) * towards).sum()) > 0 else 1.0
+
+
 def temperature(image: Any, attrs: ShapeAttrs, rng: np.random.Generator,
                 q: str) -> Optional[Variant]:
-    """White balance moved warmer or cooler (red and blue gains apart by 30-40%): white
-    turns yellow-orange or blue."""
+    """White balance moved against the picture's cast, warmer or cooler (red and blue
+    gains 30-40% apart): white turns yellow-orange or blue."""
+    arr = _arr(image)
     gap = float(rng.uniform(0.15, 0.20))
-    sign = 1.0 if rng.random() < 0.5 else -1.0
-    gains = np.array([1 + sign * gap, 1.0, 1 - sign * gap], np.float32)
-    return _hard(_arr(image) * gains, attrs)
+    sign = _against_cast(arr, np.array([1.0, 0.0, -1.0], np.float32))
+    return _hard(arr * np.array([1 + sign * gap, 1.0, 1 - sign * gap], np.float32), attrs)
 
 
 def tint(image: Any, attrs: ShapeAttrs, rng: np.random.Generator,
          q: str) -> Optional[Variant]:
-    """Green or magenta tint (green against red and blue gains apart by 25-35%)."""
+    """Green or magenta tint against the picture's cast (green against red and blue gains
+    apart by 25-35%)."""
+    arr = _arr(image)
     gap = float(rng.uniform(0.12, 0.18))
-    sign = 1.0 if rng.random() < 0.5 else -1.0
-    gains = np.array([1 - sign * gap, 1 + sign * gap, 1 - sign * gap], np.float32)
-    return _hard(_arr(image) * gains, attrs)
+    sign = _against_cast(arr, np.array([-0.5, 1.0, -0.5], np.float32))
+    return _hard(arr * np.array([1 - sign * gap, 1 + sign * gap, 1 - sign * gap], np.float32),
+                 attrs)
 
 
 def sepia(image: Any, attrs: ShapeAttrs, rng: np.random.Generator,
@@ -165,9 +173,11 @@ def selective_recolour(image: Any, attrs: ShapeAttrs, rng: np.random.Generator,
 
 def hue_turn(image: Any, attrs: ShapeAttrs, rng: np.random.Generator,
              q: str) -> Optional[Variant]:
-    """Every hue turned by 90-270 degrees."""
+    """Every hue turned by 90-270 degrees, but not within 20 degrees of 120 or 240: those
+    turns are the channel swap (``channel_swap``), the same picture as another kind."""
     hsv = _hsv(image)
-    hsv[..., 0] = (hsv[..., 0] + int(rng.integers(64, 193))) % 256
+    turns = [t for t in range(64, 193) if min(abs(t - 85), abs(t - 171)) > 14]
+    hsv[..., 0] = (hsv[..., 0] + int(rng.choice(turns))) % 256
     return Variant(_from_hsv(hsv), COLOUR_Q, ShapeAttrs(attrs.shape, "?"), gt="")
 
 

@@ -184,3 +184,16 @@ def test_a_dark_picture_s_exposure_and_size_changes_still_pass():
                              .round().astype(np.uint8))
     for copy in (darker, image.resize((96, 96), Image.BICUBIC), image.resize((192, 192))):
         assert _distance(copy, image) <= THRESHOLD
+
+
+def test_a_desaturated_picture_is_not_its_greyscale_copy():
+    # the recolouring is measured both ways: from a grey candidate no colour map moves
+    # anything, so a desaturated request passed against a cached greyscale copy (0.13)
+    for colour in ((40, 60, 220), (220, 30, 30), (0, 128, 128)):
+        image = _drawn((245, 245, 240), colour, (14, 10, 50, 46), "circle")
+        arr = np.asarray(image, np.float32)
+        grey = (arr @ np.array([0.299, 0.587, 0.114], np.float32))[..., None]
+        desaturated, greyscale = (Image.fromarray(np.clip(a, 0, 255).round().astype(np.uint8))
+                                  for a in (grey + 0.3 * (arr - grey), np.repeat(grey, 3, 2)))
+        assert _distance(desaturated, greyscale) > THRESHOLD
+        assert _distance(greyscale, desaturated) > THRESHOLD

@@ -69,8 +69,9 @@ LUMA_WEIGHT = 1.5
 #: moves a flat colour) give 0.16.
 TINT_WEIGHT = 20.0
 #: The recolouring (mean chroma levels moved by the fitted colour map) counts this much:
-#: on the calibration's train images benign edits move at most ~2.7 levels (a brightening
-#: that clips a pale background white), photo-editor colour edits at least ~2.9.
+#: on the calibration's train images (one direction) benign edits moved at most ~2.7
+#: levels (a brightening that clips a pale background white), photo-editor colour edits
+#: at least ~2.9.
 COLOUR_MAP_WEIGHT = 18.0
 #: The share of the candidate's foreground that may leave the query's frame.
 LOST_MAX = 0.5
@@ -267,7 +268,10 @@ def _distance(query: np.ndarray, cand: np.ndarray, zoom: float, dx: int, dy: int
     """
     fitted = _exposed(query, _zoomed(cand, zoom, dx, dy, border=1))
     rest = query - fitted[:, 1:-1, 1:-1]
-    recolour = _recolouring(query, fitted[:, 1:-1, 1:-1])
+    # both ways: a grey candidate has no chroma for a map to move (a desaturated request
+    # would pass against its greyscale copy), the request's colour seen from it does
+    recolour = max(_recolouring(query, fitted[:, 1:-1, 1:-1]),
+                   _recolouring(fitted[:, 1:-1, 1:-1], query))
     cast = float(np.median(np.abs(rest).max(axis=0)))
     # the colour balance: median Cb / Cr difference (noise and small objects drop out)
     tint = float(np.abs(np.median(np.tensordot(_YCC[1:], rest, axes=(1, 0))
