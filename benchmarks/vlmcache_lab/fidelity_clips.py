@@ -12,7 +12,8 @@ clip can be re-rendered from a later frame (a clip shifted by one frame) or cont
 A clip is served as an MPEG-4 Part 2 file (``mp4v``, the common lossy upload). Benign
 variants: re-encoded (decoded, then OpenCV's own Motion-JPEG writer at quality 90 and 30:
 the FFmpeg writers here ignore ``VIDEOWRITER_PROP_QUALITY``, this one honours it), re-muxed
-(the same MPEG-4 stream in AVI: bit-identical frames), the source frames in another
+(the same frames through the same MPEG-4 encoder into AVI: OpenCV cannot copy a stream
+between containers; most decode bit-identically), the source frames in another
 codec and container (Motion JPEG in AVI) and the source resized (0.75x or 1.5x). Hard
 negatives: an object in one sampled frame, an object appearing in the last frame, the
 frames reversed, the clip started one frame later, trimmed (its last quarter cut), and

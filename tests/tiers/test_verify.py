@@ -188,12 +188,15 @@ def test_a_dark_picture_s_exposure_and_size_changes_still_pass():
 
 def test_a_desaturated_picture_is_not_its_greyscale_copy():
     # the recolouring is measured both ways: from a grey candidate no colour map moves
-    # anything, so a desaturated request passed against a cached greyscale copy (0.13)
-    for colour in ((40, 60, 220), (220, 30, 30), (0, 128, 128)):
-        image = _drawn((245, 245, 240), colour, (14, 10, 50, 46), "circle")
-        arr = np.asarray(image, np.float32)
+    # anything much, so one way a desaturated request passed against its greyscale copy
+    from vlmcache.tiers.verify import COLOUR_MAP_WEIGHT, _recolouring
+
+    for seed in (0, 1):
+        arr = np.asarray(_stars(seed), np.float32)
         grey = (arr @ np.array([0.299, 0.587, 0.114], np.float32))[..., None]
         desaturated, greyscale = (Image.fromarray(np.clip(a, 0, 255).round().astype(np.uint8))
                                   for a in (grey + 0.3 * (arr - grey), np.repeat(grey, 3, 2)))
+        thumbs = [prepare(im, (1.0,)).thumb for im in (desaturated, greyscale)]
+        assert COLOUR_MAP_WEIGHT * _recolouring(*thumbs) / 255 < THRESHOLD  # one way
         assert _distance(desaturated, greyscale) > THRESHOLD
         assert _distance(greyscale, desaturated) > THRESHOLD
