@@ -8,6 +8,8 @@ PY=${PYTHON:-python3}
 PIP=("$PY" -m pip install --disable-pip-version-check)
 [ -d /opt/wheels ] && PIP+=(--find-links /opt/wheels)
 
+# extras: bench brings scikit-image and scikit-learn, whose packaged photographs the fidelity
+# benchmark uses (skimage.data, load_sample_images: nothing is downloaded at run time)
 if [ "${VLMCACHE_DEVICE:-}" = "cuda" ] || { [ -z "${VLMCACHE_DEVICE:-}" ] && command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; }; then
   echo "setup: CUDA machine: installing vllm (0.26 to 0.32)"
   "${PIP[@]}" "vllm>=0.26,<0.33" -e ".[semantic,vision,bench,models,redis,dev]"

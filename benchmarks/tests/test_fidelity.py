@@ -88,7 +88,7 @@ def test_outcomes_and_targets():
 
 
 def test_rows_round_trip_and_benign_family_counts_as_right():
-    from vlmcache_lab.fidelity import _row_json, rows_from_json
+    from vlmcache_lab.fidelity_summary import row_json as _row_json, rows_from_json
 
     a = ShapeAttrs("circle", "red")
     seed = Probe("seed", None, "what color is the shape?", a, "x", False, source="x")

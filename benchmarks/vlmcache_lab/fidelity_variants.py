@@ -137,6 +137,52 @@ def recolour_hue(image: Any, attrs: ShapeAttrs, rng: np.random.Generator,
                    gt="no")
 
 
+#: Sepia toning's colour matrix (the common photo-editor one).
+SEPIA = np.array([[0.393, 0.769, 0.189], [0.349, 0.686, 0.168], [0.272, 0.534, 0.131]],
+                 np.float32)
+
+
+def greyscale_arr(arr: np.ndarray) -> np.ndarray:
+    """``(H, W, 3)`` float RGB in greyscale (BT.601 luma in every channel)."""
+    luma = arr @ np.array([0.299, 0.587, 0.114], np.float32)
+    return np.repeat(luma[..., None], 3, axis=2)
+
+
+def desaturated_arr(arr: np.ndarray, keep: float) -> np.ndarray:
+    """``arr`` with ``keep`` of its saturation (a photo editor's saturation slider)."""
+    grey = greyscale_arr(arr)
+    return grey + keep * (arr - grey)
+
+
+def _colour_edit(attrs: ShapeAttrs, arr: np.ndarray) -> Variant:
+    return Variant(_img(arr), f"is there a {attrs.color} shape?", ShapeAttrs(attrs.shape, "?"),
+                   gt="no")
+
+
+def recolour_greyscale(image: Any, attrs: ShapeAttrs, rng: np.random.Generator,
+                       q: str) -> Optional[Variant]:
+    """The whole image in greyscale (a photo editor's black & white); None for hueless."""
+    if attrs.color in _HUELESS:
+        return None
+    return _colour_edit(attrs, greyscale_arr(_arr(image)))
+
+
+def recolour_desaturate(image: Any, attrs: ShapeAttrs, rng: np.random.Generator,
+                        q: str) -> Optional[Variant]:
+    """Saturation down to 25-40% (red turns a greyish pink); None for hueless."""
+    if attrs.color in _HUELESS:
+        return None
+    return _colour_edit(attrs, desaturated_arr(_arr(image), float(rng.uniform(0.25, 0.40))))
+
+
+def recolour_sepia(image: Any, attrs: ShapeAttrs, rng: np.random.Generator,
+                   q: str) -> Optional[Variant]:
+    """Sepia toning (every colour turns a shade of brown); None for hueless and brown."""
+    if attrs.color in (*_HUELESS, "brown"):
+        return None
+    return _colour_edit(attrs, _arr(image) @ SEPIA.T)
+
+
 def mirror(image: Any, attrs: ShapeAttrs, rng: np.random.Generator,
            q: str) -> Optional[Variant]:
     """Left-right mirror, only where the shape's centre is > 8 px off the middle."""
@@ -201,5 +247,7 @@ BENIGN: dict[str, VariantFn] = {
 }
 HARD: dict[str, VariantFn] = {
     "hard:recolour_permute": recolour_permute, "hard:recolour_hue": recolour_hue,
+    "hard:recolour_greyscale": recolour_greyscale,
+    "hard:recolour_desaturate": recolour_desaturate, "hard:recolour_sepia": recolour_sepia,
     "hard:mirror": mirror, "hard:count_remove": count_remove, "hard:count_add": count_add,
 }

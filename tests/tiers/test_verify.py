@@ -145,3 +145,58 @@ def test_zoom_and_move_sample_the_source_once():
     assert out[0, 5, 1] == pytest.approx(31.5 + (0 - 4 - 31.5) / 1.25)
     assert out[0, 5, 0] == pytest.approx(31.5 + (-1 - 4 - 31.5) / 1.25)
     assert out.shape == (3, 66, 66)
+
+
+def _stars(seed=0):
+    """A dark 128x128 picture with a few small coloured objects (a night sky's look):
+    most pixels are black, so the medians see no colour at all."""
+    rng = np.random.default_rng(seed)
+    image = Image.new("RGB", (128, 128), (4, 4, 6))
+    draw = ImageDraw.Draw(image)
+    for _ in range(14):
+        x, y = (int(v) for v in rng.integers(8, 120, 2))
+        r = int(rng.integers(2, 5))
+        draw.ellipse([x - r, y - r, x + r, y + r],
+                     fill=tuple(int(c) for c in rng.integers(60, 256, 3)))
+    return image
+
+
+def _colour_edit(image, edit):
+    arr = np.asarray(image, np.float32)
+    grey = (arr @ np.array([0.299, 0.587, 0.114], np.float32))[..., None]
+    out = {"greyscale": np.repeat(grey, 3, axis=2), "desaturate": grey + 0.35 * (arr - grey),
+           "warmer": arr * np.array([1.17, 1.0, 0.83], np.float32)}[edit]
+    return Image.fromarray(np.clip(out, 0, 255).round().astype(np.uint8))
+
+
+@pytest.mark.parametrize("edit", ["greyscale", "desaturate", "warmer"])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_a_global_recolouring_of_a_dark_picture_is_another_image(seed, edit):
+    # the colour-map term: before it, the few bright objects of a dark picture passed
+    # under the median terms (desaturated 0.12, warmer 0.09 at a 0.17 threshold)
+    image = _stars(seed)
+    assert _distance(_colour_edit(image, edit), image) > THRESHOLD
+
+
+def test_a_dark_picture_s_exposure_and_size_changes_still_pass():
+    image = _stars(0)
+    darker = Image.fromarray(np.clip(np.asarray(image, np.float32) * 0.85, 0, 255)
+                             .round().astype(np.uint8))
+    for copy in (darker, image.resize((96, 96), Image.BICUBIC), image.resize((192, 192))):
+        assert _distance(copy, image) <= THRESHOLD
+
+
+def test_a_desaturated_picture_is_not_its_greyscale_copy():
+    # the recolouring is measured both ways: from a grey candidate no colour map moves
+    # anything much, so one way a desaturated request passed against its greyscale copy
+    from vlmcache.tiers.verify import COLOUR_MAP_WEIGHT, _recolouring
+
+    for seed in (0, 1):
+        arr = np.asarray(_stars(seed), np.float32)
+        grey = (arr @ np.array([0.299, 0.587, 0.114], np.float32))[..., None]
+        desaturated, greyscale = (Image.fromarray(np.clip(a, 0, 255).round().astype(np.uint8))
+                                  for a in (grey + 0.3 * (arr - grey), np.repeat(grey, 3, 2)))
+        thumbs = [prepare(im, (1.0,)).thumb for im in (desaturated, greyscale)]
+        assert COLOUR_MAP_WEIGHT * _recolouring(*thumbs) / 255 < THRESHOLD  # one way
+        assert _distance(desaturated, greyscale) > THRESHOLD
+        assert _distance(greyscale, desaturated) > THRESHOLD

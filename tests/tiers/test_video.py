@@ -6,11 +6,14 @@ import numpy as np
 import pytest
 
 from vlmcache.testing.clips import synthetic_frames, write_clip
-from vlmcache.tiers.video import (VideoQuery, VideoSignature, VideoTier, canonical_videos,
-                                  video_thumbnails)
+from vlmcache.tiers import calibration
+from vlmcache.tiers.verify import aligned_distance
+from vlmcache.tiers.video import (FRAME_EXCESS_MAX, VideoQuery, VideoSignature, VideoTier,
+                                  canonical_videos, time_offset, video_thumbnails)
 from vlmcache.vllm.video_io import VideoSampling, load_video
 
-THRESHOLD = 0.17  # the shipped image-verifier calibration
+#: the shipped image-verifier calibration's pick (the cascade gives the video tier this one)
+THRESHOLD = calibration.threshold("image_verify", None, 0.01)
 
 
 def _query(frames: np.ndarray, codec: str = "ffv1", name: str = "a", n: int = 8) -> VideoQuery:
@@ -89,3 +92,53 @@ def test_memory_is_bounded_and_one_tenant_holds_at_most_half(clip):
     flood = [h for (t, h) in tier._entries if t == "flood"]
     assert flood == ["a3", "a4"] and ("quiet", "b") in tier._entries
     assert tier._bytes <= tier.budget_bytes
+
+
+def _pan(start: int, n: int = 16, step: int = 1) -> np.ndarray:
+    """A camera window panning ``step`` px a frame across a still (slow: one source frame
+    moves less than the verifier notices)."""
+    still = synthetic_frames(5, 1, 256, 320)[0]
+    return np.stack([still[64:192, 40 + step * t:200 + step * t] for t in range(start, start + n)])
+
+
+@pytest.mark.parametrize("codec", ["ffv1", "mp4v"])
+@pytest.mark.parametrize("step", [1, 2])
+def test_a_slow_pan_started_one_frame_later_is_refused(codec, step):
+    # sampled every 2 frames, each shifted frame passed the threshold and lay nearer its
+    # own index than the neighbours: the time-offset check is what refuses it
+    tier = VideoTier(THRESHOLD, 64 * 1024**2)
+    tier.record(_query(_pan(0, step=step)), "t")
+    assert tier.lookup(_query(_pan(1, step=step), codec, name="later"), "t") is None
+    assert tier.lookup(_query(_pan(0, step=step), "mjpg", name="copy"), "t") is not None
+
+
+def test_time_offset_measures_the_share_of_a_step():
+    clip = _pan(0, n=17).astype(np.float32)
+    thumbs = video_thumbnails(clip.astype(np.uint8))
+    # every other frame as the candidate; the frames one later as the query
+    share, correlation = time_offset(thumbs[1::2][:8], thumbs[0::2][:8])
+    assert 0.3 < share < 0.7 and correlation > 0.5
+    assert time_offset(thumbs[0::2][:8], thumbs[0::2][:8]) == (0.0, 0.0)
+
+
+def test_a_still_clip_has_no_time_offset():
+    still = np.repeat(synthetic_frames(6, 1, 128, 128), 8, axis=0)
+    noisy = np.clip(still + np.random.default_rng(0).normal(0, 4, still.shape), 0, 255)
+    share, _ = time_offset(video_thumbnails(noisy.astype(np.uint8)), video_thumbnails(still))
+    assert share == 0.0  # nothing moves: no step to be offset along
+
+
+def test_a_faint_object_in_one_frame_is_refused_though_the_frame_passes():
+    # a dark box on the clip's dark corner: the frame alone passes the image threshold,
+    # but no re-encode makes one frame stand out from the rest
+    clip = synthetic_frames(3, n=16)
+    edited = clip.copy()
+    patch = edited[6, 4:40, 4:40].astype(np.int16)
+    edited[6, 4:40, 4:40] = np.clip(patch + 28, 0, 255).astype(np.uint8)
+    canon, query = _query(clip), _query(edited, "ffv1", name="faint")
+    frame = aligned_distance(query.thumbs[3].astype(np.float32),
+                             canon.thumbs[3].astype(np.float32))
+    assert FRAME_EXCESS_MAX < frame <= THRESHOLD
+    tier = VideoTier(THRESHOLD, 64 * 1024**2)
+    tier.record(canon, "t")
+    assert tier.lookup(query, "t") is None

@@ -34,7 +34,7 @@ def _frontend(cached_llm, tiny_model, store, **overrides):
     # EfficientNet: these tests rely on a shifted copy matching, which pHash does not catch
     overrides.setdefault("image_embedder", "efficientnet-lite0")
     # the shifts below wrap content around the frame (ImageChops.offset), which the image
-    # verifier counts as a change (distance ~0.23); its default (0.17) is calibrated on
+    # verifier counts as a change (distance ~0.23); its calibrated default (~0.17) is for
     # easy-vqa, where nothing wraps
     overrides.setdefault("image_verify_threshold", 0.3)
     config = VlmCacheConfig(store_path=str(store), block_size=BLOCK_SIZE, disk_write="sync",

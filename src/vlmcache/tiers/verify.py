@@ -16,7 +16,7 @@ small aligned RGB thumbnails:
    ``CHROMA_WEIGHT``: JPEG keeps chroma at half resolution and quantizes it coarsely, so
    re-encoding smears and pales the colour of small shapes along their edges, while a
    recolour changes it over the whole object;
-5. the distance is the largest of three terms, in units of 255:
+5. the distance is the largest of four terms, in units of 255:
 
    - the largest local difference: per pixel the largest luma/chroma difference to the
      best of the other image's 3x3 neighbours (both ways), averaged over 5x5 windows (a
@@ -28,6 +28,13 @@ small aligned RGB thumbnails:
      JPEG moves a flat colour's chroma by at most ~2 levels (its quantization step for
      the block mean, at quality 35); another picture of the same scene on a slightly
      different background, lighting or white balance moves it by more;
+   - ``COLOUR_MAP_WEIGHT`` times the recolouring: the chroma change that one global
+     colour map explains (the query's Cb/Cr fitted as a linear function of the
+     candidate's Y, Cb, Cr), averaged over pixels weighted by their energy. Greyscale,
+     saturation, white balance, tint, sepia or a hue turn move every coloured pixel the
+     same way, where the medians see only the majority of pixels (a dark photograph's
+     few bright objects) and signed medians cancel (a desaturated blue sky and green
+     trees); noise, JPEG and resampling errors follow no global map and drop out;
 
 6. an object may not leave the frame: if registration moves more than ``LOST_MAX`` of the
    candidate's foreground (pixels away from its border colour) outside the query's frame
@@ -61,6 +68,11 @@ LUMA_WEIGHT = 1.5
 #: The median chroma difference counts this much: 2 levels (about the most JPEG q35
 #: moves a flat colour) give 0.16.
 TINT_WEIGHT = 20.0
+#: The recolouring (mean chroma levels moved by the fitted colour map) counts this much:
+#: on the calibration's train images (one direction) benign edits moved at most ~2.7
+#: levels (a brightening that clips a pale background white), photo-editor colour edits
+#: at least ~2.9.
+COLOUR_MAP_WEIGHT = 18.0
 #: The share of the candidate's foreground that may leave the query's frame.
 LOST_MAX = 0.5
 #: A pixel differing from the image's median border colour by more than this (0-255, any
@@ -256,6 +268,10 @@ def _distance(query: np.ndarray, cand: np.ndarray, zoom: float, dx: int, dy: int
     """
     fitted = _exposed(query, _zoomed(cand, zoom, dx, dy, border=1))
     rest = query - fitted[:, 1:-1, 1:-1]
+    # both ways: a grey candidate has no chroma for a map to move (a desaturated request
+    # would pass against its greyscale copy), the request's colour seen from it does
+    recolour = max(_recolouring(query, fitted[:, 1:-1, 1:-1]),
+                   _recolouring(fitted[:, 1:-1, 1:-1], query))
     cast = float(np.median(np.abs(rest).max(axis=0)))
     # the colour balance: median Cb / Cr difference (noise and small objects drop out)
     tint = float(np.abs(np.median(np.tensordot(_YCC[1:], rest, axes=(1, 0))
@@ -264,7 +280,27 @@ def _distance(query: np.ndarray, cand: np.ndarray, zoom: float, dx: int, dy: int
     there = np.pad(query, ((0, 0), (1, 1), (1, 1)), mode="edge")
     diff = np.maximum(_nearest(query, fitted), _nearest(fitted[:, 1:-1, 1:-1], there))
     local = float(_box(diff, _BOX).max())
-    return min(1.0, max(local, CAST_WEIGHT * cast, TINT_WEIGHT * tint) / 255.0)
+    return min(1.0, max(local, CAST_WEIGHT * cast, TINT_WEIGHT * tint,
+                        COLOUR_MAP_WEIGHT * recolour) / 255.0)
+
+
+def _recolouring(query: np.ndarray, fitted: np.ndarray) -> float:
+    """The mean chroma change (levels) that one global colour map explains: the query's
+    Cb/Cr least-squares fitted as a linear function of the candidate's (Y, Cb, Cr), each
+    pixel weighted by its energy (so a dark image's bright objects count, its black does
+    not), and the fitted map's move away from the candidate's own chroma averaged with the
+    same weights. Local errors (noise, codecs, edges) fit no global map and drop out;
+    JPEG's chroma loss on small saturated objects over black (a night scene's lights)
+    does look like a desaturation, so such copies can be refused (a miss, not a wrong
+    answer)."""
+    q, f = (np.tensordot(_YCC, im, axes=(1, 0)).reshape(3, -1).T.astype(np.float64)
+            for im in (query, fitted))
+    w = (f * f).sum(axis=1) + 1.0
+    # normal equations of the weighted fit (3x3: cheap); lstsq copes with a flat image
+    gram, rhs = (f * w[:, None]).T @ f, (f * w[:, None]).T @ q[:, 1:]
+    colour_map = np.linalg.lstsq(gram, rhs, rcond=None)[0]
+    moved = np.abs(f @ colour_map - f[:, 1:]).max(axis=1)
+    return float((w * moved).sum() / w.sum())
 
 
 def _exposed(query: np.ndarray, moved: np.ndarray) -> np.ndarray:

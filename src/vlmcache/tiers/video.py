@@ -12,8 +12,19 @@ and a frame rate within ``FPS_TOLERANCE``: a processor may read it). It is accep
    threshold: one changed frame, an object appearing in the last frame, or reversed
    frames fail it;
 2. the frames are not better aligned one step off (frame i nearer the candidate's i+1
-   or i-1, summed over the clip, on 16 px luma): a clip shifted by one frame fails it,
-   where slow motion keeps each frame within the threshold of its neighbour.
+   or i-1, summed over the clip): a clip shifted by a whole sampling step fails it, where
+   slow motion keeps each frame within the threshold of its neighbour;
+3. no frame stands out: a codec or a resize treats every frame alike, so a frame whose
+   distance exceeds the clip's median frame distance by more than ``FRAME_EXCESS_MAX``
+   was edited on its own (an object in one frame that, faint, still passes the image
+   threshold: a dark box on a dark background);
+4. the frames are not the candidate's moved part of the way along in time
+   (:func:`time_offset`): a clip that starts one source frame later (or earlier) is
+   sampled between the candidate's frames, each frame within the threshold of the
+   candidate's and nearer it than its neighbours when the camera or objects move slowly,
+   yet its difference from each of the candidate's frames points along the clip's own
+   motion toward the next (previous) frame. A re-encode's or resize's difference does not
+   follow the motion.
 
 A hit rewrites the request to the canonical clip's own bytes and identity: below this
 tier the engine sees exactly the video the cached KV and encoder outputs were computed for.
@@ -41,6 +52,17 @@ FPS_TOLERANCE = 0.005
 #: A clip is refused as shifted when one step off is nearer than this share of aligned
 #: (a static clip is as near either way: shifting it changes nothing the model sees).
 SHIFT_MARGIN = 0.5
+#: The most one frame's distance may exceed the clip's median frame distance: re-encodes,
+#: re-muxes, other codecs and resizes of the fidelity benchmark's train clips at most
+#: 0.061; an object added to one frame at least 0.110.
+FRAME_EXCESS_MAX = 0.085
+#: A clip whose frames lie this far (a share of the step to the candidate's neighbouring
+#: sampled frame) along the clip's motion, with at least ``TIME_OFFSET_CORRELATION`` of
+#: its difference along it, is refused as moved in time: a one-frame shift with a frame
+#: sampled every k is ~1/k of the way (k = 3 in the fidelity benchmark's clips: 0.23-0.38
+#: measured on its train clips; re-encodes and resizes at most 0.05).
+TIME_OFFSET_MAX = 0.12
+TIME_OFFSET_CORRELATION = 0.3
 #: Canonical videos verified per lookup (the nearest by coarse thumbnails first).
 CANDIDATES = 4
 
@@ -148,40 +170,57 @@ class VideoTier:
 
 
 def verify_frames(query: np.ndarray, cand: np.ndarray, threshold: float) -> float | None:
-    """The largest per-frame distance if every frame passes and the clip is not better
-    aligned one frame off (module docstring); ``None`` when the candidate is refused."""
+    """The largest per-frame distance if every frame passes, none stands out, and the
+    clip is neither better aligned one frame off nor moved in time (module docstring);
+    ``None`` when the candidate is refused."""
     if query.shape != cand.shape:
         return None
     q, c = query.astype(np.float32), cand.astype(np.float32)
-    worst = 0.0
+    distances = []
     for i in range(len(q)):
-        d = aligned_distance(q[i], c[i])
-        if d > threshold:
+        distances.append(aligned_distance(q[i], c[i]))
+        if distances[-1] > threshold:
             return None
-        worst = max(worst, d)
-    return None if shifted(q, c) else worst
+    worst, aligned, off = max(distances), sum(distances), [0.0, 0.0]
+    if worst - float(np.median(distances)) > FRAME_EXCESS_MAX:
+        return None  # one frame edited on its own
+    if len(q) > 1:
+        off[0] = sum(aligned_distance(q[i], c[i + 1]) for i in range(len(q) - 1))
+        off[1] = sum(aligned_distance(q[i + 1], c[i]) for i in range(len(q) - 1))
+        # compared over the same frames: a one-step shift is nearer off than aligned
+        head, tail = aligned - distances[-1], aligned - distances[0]
+        if off[0] < SHIFT_MARGIN * head or off[1] < SHIFT_MARGIN * tail:
+            return None
+        share, correlation = time_offset(q, c)
+        if share >= TIME_OFFSET_MAX and correlation >= TIME_OFFSET_CORRELATION:
+            return None
+    return worst
 
 
-def shifted(query: np.ndarray, cand: np.ndarray) -> bool:
-    """Whether the query's frames lie nearer the candidate's one step off than at their own
-    index (mean absolute difference of 16 px luma, over the frames both alignments share):
-    a cheap, vectorized test run after every frame passed the verifier at its own index."""
-    if len(query) < 2:
-        return False
-    q, c = _luma16(query), _luma16(cand)
-    aligned = np.abs(q - c).mean(axis=(1, 2))
-    ahead = np.abs(q[:-1] - c[1:]).mean(axis=(1, 2)).sum()  # query frame i ~ cand i+1
-    behind = np.abs(q[1:] - c[:-1]).mean(axis=(1, 2)).sum()  # query frame i+1 ~ cand i
-    return bool(ahead < SHIFT_MARGIN * aligned[:-1].sum()
-                or behind < SHIFT_MARGIN * aligned[1:].sum())
+def time_offset(query: np.ndarray, cand: np.ndarray) -> tuple[float, float]:
+    """How far ``query``'s frames lie toward the candidate's next (or previous) frames.
 
-
-def _luma16(thumbs: np.ndarray) -> np.ndarray:
-    """``(T, 16, 16)`` luma of ``(T, 3, 64, 64)`` thumbnails (4x4 block means)."""
-    t = thumbs.astype(np.float32)
-    luma = 0.299 * t[:, 0] + 0.587 * t[:, 1] + 0.114 * t[:, 2]
-    n, h, w = luma.shape
-    return luma.reshape(n, 16, h // 16, 16, w // 16).mean(axis=(2, 4))
+    The difference ``query[i] - cand[i]`` is projected on the candidate's own step
+    ``cand[i+1] - cand[i]`` (forward) or ``cand[i-1] - cand[i]`` (backward), over all
+    frames at once: the least-squares share ``a`` of the step and the correlation of
+    the difference with it. The larger share of the two directions is returned with its
+    correlation. A clip started ``d`` source frames later with a frame sampled every
+    ``k`` gives ``a`` about ``d/k``; codec or resampling errors do not follow the motion
+    (``a`` and the correlation near 0). A static clip has no step: ``(0, 0)``.
+    """
+    q, c = query.astype(np.float64), cand.astype(np.float64)
+    diff, step = q - c, c[1:] - c[:-1]
+    best = (0.0, 0.0)
+    for d, s in ((diff[:-1], step), (diff[1:], -step)):
+        energy = float((s * s).sum())
+        if energy < s.size:  # under one level per pixel per frame: nothing moves
+            continue
+        along = float((d * s).sum())
+        share = along / energy
+        correlation = along / np.sqrt(energy * max(float((d * d).sum()), 1e-9))
+        if share > best[0]:
+            best = (share, correlation)
+    return best
 
 
 def _coarse(thumbs: np.ndarray) -> np.ndarray:
