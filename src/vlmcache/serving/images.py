@@ -81,15 +81,26 @@ def decode_image_url(url: object, field: str, limits: ImageLimits) -> Any:
 
 
 def _data_url_bytes(url: str, field: str, max_bytes: int) -> bytes:
+    return base64_data_url(url, field, max_bytes, "image",
+                           RequestError(f"{field}: image is larger than the {max_bytes}-byte "
+                                        "limit"))
+
+
+def base64_data_url(url: str, field: str, max_bytes: int, medium: str,
+                    too_large: RequestError) -> bytes:
+    """The bytes a base64 data URL of ``medium`` carries; ``too_large`` is raised past
+    ``max_bytes`` (checked on the text, before decoding), a :class:`RequestError` naming
+    ``field`` for anything else."""
     header, sep, payload = url.partition(",")
     if not sep or not header.endswith(";base64"):
-        raise RequestError(f"{field}: a data URL must be base64 (data:image/...;base64,...)")
+        raise RequestError(f"{field}: a data URL must be base64 "
+                           f"(data:{medium}/...;base64,...)")
     if len(payload) * 3 // 4 > max_bytes:
-        raise RequestError(f"{field}: image is larger than the {max_bytes}-byte limit")
+        raise too_large
     try:
         return base64.b64decode(payload, validate=True)
     except (binascii.Error, ValueError) as exc:
-        raise RequestError(f"{field}: invalid base64 image data ({exc})") from None
+        raise RequestError(f"{field}: invalid base64 {medium} data ({exc})") from None
 
 
 def open_image(data: bytes, field: str, max_pixels: int) -> Any:

@@ -321,11 +321,7 @@ def _part(i: int, j: int, part: object, config: VlmCacheConfig,
     if uuid is not None and config.client_image_uuids == "refuse":
         raise RequestError(f"{field}.uuid: client-chosen media identities are not accepted")
     if kind in IMAGE_TYPES:
-        url = part.get("image_url")
-        url = url.get("url") if isinstance(url, dict) else url
-        if url is None:
-            raise RequestError(f"{field}.image_url: an image part must carry the image "
-                               "(a uuid alone is not accepted)")
+        url = _part_url(part, "image_url", field, "an image part must carry the image")
         if not isinstance(url, str) or not url:
             raise RequestError(f"{field}.image_url: expected an image URL string")
         image, pixel_hash = DECODED.get(url, f"{field}.image_url", _limits(config))
@@ -333,14 +329,20 @@ def _part(i: int, j: int, part: object, config: VlmCacheConfig,
                                      str(uuid) if uuid is not None else None))
         return IMAGE_MARK
     if kind in VIDEO_TYPES:
-        url = part.get("video_url")
-        url = url.get("url") if isinstance(url, dict) else url
-        if url is None:
-            raise RequestError(f"{field}.video_url: a video part must carry the video "
-                               "(a uuid alone is not accepted)")
+        url = _part_url(part, "video_url", field, "a video part must carry the video")
         media.add_video(i, j, f"{field}.video_url", url, uuid)
         return VIDEO_MARK
     return None  # other media (audio) go to vLLM as they are, minus client uuids
+
+
+def _part_url(part: dict[str, Any], key: str, field: str, missing: str) -> object:
+    """A media part's URL (``{key: {"url": ...}}`` or ``{key: "..."}``); a part with none
+    (a uuid alone) is refused."""
+    url = part.get(key)
+    url = url.get("url") if isinstance(url, dict) else url
+    if url is None:
+        raise RequestError(f"{field}.{key}: {missing} (a uuid alone is not accepted)")
+    return url
 
 
 def _question(transcript: list[list[Any]]) -> str | None:

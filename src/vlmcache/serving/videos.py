@@ -25,7 +25,7 @@ import numpy as np
 
 from vlmcache.config import VlmCacheConfig
 from vlmcache.errors import RequestError, RequestTooLarge
-from vlmcache.serving.images import ImageLimits, fetch_image_bytes
+from vlmcache.serving.images import ImageLimits, base64_data_url, fetch_image_bytes
 from vlmcache.tiers.video import VideoSignature, video_thumbnails
 from vlmcache.vllm.video_io import VideoSampling, load_video, probe_video, video_kwargs
 
@@ -219,16 +219,8 @@ def check_container(data: bytes, field: str, limits: VideoLimits) -> None:
 
 def data_url_bytes(url: str, field: str, max_bytes: int) -> bytes:
     """The clip a base64 data URL carries, or :class:`RequestError` naming ``field``."""
-    header, sep, payload = url.partition(",")
-    if not sep or not header.endswith(";base64"):
-        raise RequestError(f"{field}: a data URL must be base64 (data:video/...;base64,...)")
-    if header.lower().startswith("data:video/jpeg"):
+    if url.partition(",")[0].lower().startswith("data:video/jpeg"):
         raise RequestError(f"{field}: video/jpeg frame lists are not accepted by the front; "
                            "send the frames as image parts or the clip as a video file")
-    if len(payload) * 3 // 4 > max_bytes:
-        raise MediaTooLarge(f"{field}: the video is larger than the {max_bytes}-byte limit "
-                            "(max_video_bytes)")
-    try:
-        return base64.b64decode(payload, validate=True)
-    except (ValueError, TypeError) as exc:
-        raise RequestError(f"{field}: invalid base64 video data ({exc})") from None
+    return base64_data_url(url, field, max_bytes, "video", MediaTooLarge(
+        f"{field}: the video is larger than the {max_bytes}-byte limit (max_video_bytes)"))
