@@ -9,9 +9,9 @@ small aligned RGB thumbnails:
    and translation (shifts up to ``MAX_SHIFT`` px of 64), coarse to fine on grey images
    (16 px, 32, 64); zoom and translation are one mapping of the source, so a shifted,
    zoomed view shows the source's own pixels from outside the zoomed frame;
-3. fit one brightness gain and offset shared by all channels, on unsaturated values,
-   applied with clipping (re-exposure; it cannot turn red into blue: that needs a
-   per-channel change);
+3. fit one brightness gain (at least ``GAIN_MIN``) and offset shared by all channels,
+   on unsaturated values, applied with clipping (re-exposure; it cannot turn red into
+   blue: that needs a per-channel change);
 4. both go to luma + chroma (YCbCr), the chroma blurred over 3x3 px and weighted
    ``CHROMA_WEIGHT``: JPEG keeps chroma at half resolution and quantizes it coarsely, so
    re-encoding smears and pales the colour of small shapes along their edges, while a
@@ -36,7 +36,13 @@ small aligned RGB thumbnails:
      few bright objects) and signed medians cancel (a desaturated blue sky and green
      trees); noise, JPEG and resampling errors follow no global map and drop out;
 
-6. an object may not leave the frame: if registration moves more than ``LOST_MAX`` of the
+6. a picture without colour is not one with colour: when one thumbnail has no colour
+   (no 5x5 window's mean chroma above ``GREY_MAX``) the distance is at least
+   ``DECOLOUR_WEIGHT`` times the other's most coloured 5x5 window's chroma above
+   ``GREY_MAX`` (a muted shape against its greyscale copy differs by ~9-25 chroma
+   levels, under the local term's reach; benign edits never remove all colour from a
+   picture nor give a grey one more than noise);
+7. an object may not leave the frame: if registration moves more than ``LOST_MAX`` of the
    candidate's foreground (pixels away from its border colour) outside the query's frame
    (a shape shifted or zoomed out of view, i.e. removed), the distance is 1.
 
@@ -73,6 +79,18 @@ TINT_WEIGHT = 20.0
 #: levels (a brightening that clips a pale background white), photo-editor colour edits
 #: at least ~2.9.
 COLOUR_MAP_WEIGHT = 18.0
+#: The smallest re-exposure gain: a 15% darkening needs 0.85 (train photographs' benign
+#: variants fit 0.84-1.16). A one-hue picture (a red retina) has its channels at separate
+#: levels, so a gain of ~0.7 with an offset (a flatter, darker picture) maps it, made
+#: cooler, onto itself within a few levels: the shared map would mimic a white balance.
+GAIN_MIN = 0.8
+#: A thumbnail whose most coloured 5x5 window has a mean chroma (Cb or Cr, levels) of at
+#: most this has no colour: on the calibration's train images, greyscale copies and their
+#: benign variants reach 4.7 (noise, sigma 6, on a 64 px picture), desaturated ones
+#: (25-40%) start at 15.
+GREY_MAX = 6.0
+#: Against a colourless thumbnail, the other's colour above ``GREY_MAX`` counts this much.
+DECOLOUR_WEIGHT = 10.0
 #: The share of the candidate's foreground that may leave the query's frame.
 LOST_MAX = 0.5
 #: A pixel differing from the image's median border colour by more than this (0-255, any
@@ -276,12 +294,36 @@ def _distance(query: np.ndarray, cand: np.ndarray, zoom: float, dx: int, dy: int
     # the colour balance: median Cb / Cr difference (noise and small objects drop out)
     tint = float(np.abs(np.median(np.tensordot(_YCC[1:], rest, axes=(1, 0))
                                   .reshape(2, -1), axis=1)).max())
+    decolour = _decolouring(query, fitted[:, 1:-1, 1:-1])
     query, fitted = _luma_chroma(query), _luma_chroma(fitted)
     there = np.pad(query, ((0, 0), (1, 1), (1, 1)), mode="edge")
     diff = np.maximum(_nearest(query, fitted), _nearest(fitted[:, 1:-1, 1:-1], there))
-    local = float(_box(diff, _BOX).max())
+    local = float(_box(_inner_ring(diff), _BOX).max())
     return min(1.0, max(local, CAST_WEIGHT * cast, TINT_WEIGHT * tint,
-                        COLOUR_MAP_WEIGHT * recolour) / 255.0)
+                        COLOUR_MAP_WEIGHT * recolour, decolour) / 255.0)
+
+
+def _inner_ring(diff: np.ndarray) -> np.ndarray:
+    """``diff`` with its outermost ring replaced by the ring inside it: the frame's edge
+    row is where a shifted or cropped copy repeats its edge (2-3 px of a 256 px photograph
+    is most of a 64 px thumbnail's edge row), while anything 2 px thick reaches row 1."""
+    out = diff.copy()
+    out[0], out[-1] = out[1], out[-2]
+    out[:, 0], out[:, -1] = out[:, 1], out[:, -2]
+    return out
+
+
+def _colourfulness(rgb: np.ndarray) -> float:
+    """The largest mean |Cb| or |Cr| (levels) of a 5x5 window."""
+    chroma = np.abs(np.tensordot(_YCC[1:], rgb, axes=(1, 0)))
+    return float(_box(chroma.transpose(1, 2, 0), _BOX).max())
+
+
+def _decolouring(query: np.ndarray, fitted: np.ndarray) -> float:
+    """``DECOLOUR_WEIGHT`` times the more colourful image's colour above ``GREY_MAX`` when
+    the other has none, else 0 (module docstring, 6)."""
+    low, high = sorted((_colourfulness(query), _colourfulness(fitted)))
+    return DECOLOUR_WEIGHT * max(0.0, high - GREY_MAX) if low <= GREY_MAX else 0.0
 
 
 def _recolouring(query: np.ndarray, fitted: np.ndarray) -> float:
@@ -310,7 +352,7 @@ def _exposed(query: np.ndarray, moved: np.ndarray) -> np.ndarray:
     keep = (q < 250) & (q > 5)
     q, c = (q[keep], c[keep]) if keep.sum() > 64 else (q, c)
     var = float(c.var())
-    gain = float(np.clip(((q - q.mean()) * (c - c.mean())).mean() / var, 0.7, 1.45)) \
+    gain = float(np.clip(((q - q.mean()) * (c - c.mean())).mean() / var, GAIN_MIN, 1.45)) \
         if var > 1e-6 else 1.0
     offset = float(np.clip(q.mean() - gain * c.mean(), -40.0, 40.0))
     return np.clip(gain * moved + offset, 0.0, 255.0)
