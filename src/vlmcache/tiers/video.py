@@ -35,6 +35,7 @@ half of it).
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import threading
@@ -103,6 +104,11 @@ class VideoQuery:
     def nbytes(self) -> int:
         return int(self.thumbs.nbytes) + len(self.url)
 
+    @functools.cached_property
+    def coarse(self) -> np.ndarray:
+        """8x8 block means of every frame (computed once: every lookup orders by it)."""
+        return _coarse(self.thumbs)
+
 
 @dataclass(frozen=True)
 class VideoMatch:
@@ -160,8 +166,7 @@ class VideoTier:
         with self._lock:
             same = [e for (t, _), e in self._entries.items()
                     if t == tenant and e.signature.matches(query.signature)]
-        coarse = _coarse(query.thumbs)
-        same.sort(key=lambda e: float(np.abs(_coarse(e.thumbs) - coarse).mean()))
+        same.sort(key=lambda e: float(np.abs(e.coarse - query.coarse).mean()))
         return same[:CANDIDATES]
 
     def _evict(self, tenant: str | None) -> None:
