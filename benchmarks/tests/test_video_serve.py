@@ -8,7 +8,8 @@ from vlmcache_lab.video_serve import (_on_line, answers_equal, body, make_server
                                       vllm_flags)
 
 ARGS = SimpleNamespace(model="/m", frames=8, step=2, stream_requests=3, text_before_video=4,
-                       max_tokens=8, max_model_len=2048, dummy_weights=False)
+                       max_tokens=8, max_model_len=2048, dummy_weights=False,
+                       gpu_memory_utilization=0.6, max_num_batched_tokens=8192)
 
 
 def _row(e2e, ttft, cached=0, text="a", report=None):
@@ -24,6 +25,8 @@ def test_plain_gets_the_same_vllm_flags_without_the_front(tmp_path):
     for flag in vllm_flags(ARGS):
         assert flag in plain.argv and flag in ours.argv
     assert '{"video": {"num_frames": 8}}' in plain.argv
+    assert plain.argv[-4:] == ["--gpu-memory-utilization", "0.6",
+                               "--max-num-batched-tokens", "8192"]
 
 
 def test_stream_lines_give_ttft_text_usage_and_the_report():
@@ -44,21 +47,30 @@ def test_summary_fields_and_frames_reused_count_whole_frames_past_the_text():
     report = {"images_loaded": 1, "tokens_loaded": 512, "hit_tier": None}
     rows = {"miss": [_row(100, 50), _row(120, 60)],
             "reencoded": [_row(30, 10, 512, report=report)] * 2,
+            "followup": [_row(35, 15, 512, report=report)] * 2,
             "restart_followup": [_row(40, 20, 512, report=report)] * 2,
             "stream": [_row(100, 50), _row(90, 45, 4 + 64 * 5 + 10), _row(90, 40, 3)]}
     out = summarize(rows, ARGS, 64)
-    assert out["miss_ms"] == 110 and out["reencoded_ms"] == 30
+    assert out["miss_ms"] == 110 and out["reencoded_ms"] == 30 and out["followup_ms"] == 35
     assert out["encoder_outputs_loaded"] == 2 and out["tokens_loaded"] == 1024
     assert out["stream"]["frames_reused"] == [5, 0] and out["stream"]["ttft_p50_ms"] == 42.5
 
 
 def test_answers_equal_per_phase_and_the_request_body():
     ours = {p: [_row(1, 1, text="x"), _row(1, 1, text="y")]
-            for p in ("miss", "reencoded", "restart_followup")}
+            for p in ("miss", "reencoded", "followup", "restart_followup")}
     plain = {p: [_row(1, 1, text="x"), _row(1, 1, text="z")]
-             for p in ("miss", "reencoded", "restart_followup")}
-    assert answers_equal(ours, plain) == {"miss": 0.5, "reencoded": 0.5,
+             for p in ("miss", "reencoded", "followup", "restart_followup")}
+    assert answers_equal(ours, plain) == {"miss": 0.5, "reencoded": 0.5, "followup": 0.5,
                                           "restart_followup": 0.5}
     b = body(ARGS, b"clip", "mp4v", "q?", "acme")
     part = b["messages"][0]["content"][0]
     assert part["video_url"]["url"].startswith("data:video/mp4;base64,") and b["stream"]
+
+
+def test_a_stream_that_fails_after_its_200_is_an_error_not_a_row():
+    import pytest
+
+    row = {"ttft_ms": None, "text": "", "report": None, "cached_tokens": 0, "prompt_tokens": 0}
+    with pytest.raises(RuntimeError, match="stream error"):
+        _on_line(row, 'data: {"error": {"message": "exceeds the encoder cache"}}', 0.0)

@@ -8,8 +8,10 @@ other's cores. Per server, streamed requests one at a time (latency, not load):
 - ``reencoded``: the same clip re-encoded by another codec (MJPG), the same question;
 - ``stream``: a live feed: the last ``--frames`` frames every request, the window moving
   by ``--step`` frames, sent as one video;
-- ``restart_followup``: after a restart on the same store, a new question on a clip asked
-  before the restart.
+- ``followup``: a second question on each clip, before the restart (both servers' prefix
+  caches hold the clip; vlmcache's second-sight admission captures its KV now, since a
+  one-off prompt's blocks are never copied out);
+- ``restart_followup``: after a restart on the same store, a third question on each clip.
 
 Each row keeps what the server said it reused (vlmcache's report; plain vLLM's
 ``prompt_tokens_details.cached_tokens``). Frames reused per stream request are the cached
@@ -31,10 +33,10 @@ from vlmcache.testing.clips import CODECS, synthetic_frames, video_data_url, wri
 from vlmcache.testing.server import ServerProcess
 
 QUESTION = "what is moving in the video?"
+FOLLOW_UP_FIRST = "how many shapes are there?"
 FOLLOW_UP = "which shape moves fastest?"
 STREAM_Q = "what changed in the last seconds?"
-OURS_CONFIG: dict[str, object] = {"log_requests": False, "enable_video_near_duplicates": True,
-                                  "disk_write": "sync"}
+OURS_CONFIG: dict[str, object] = {"log_requests": False, "enable_video_near_duplicates": True}
 
 
 def vllm_flags(args: Any) -> list[str]:
@@ -44,6 +46,10 @@ def vllm_flags(args: Any) -> list[str]:
              "--media-io-kwargs", json.dumps({"video": {"num_frames": args.frames}})]
     if args.dummy_weights:
         flags += ["--load-format", "dummy"]
+    if args.gpu_memory_utilization:
+        flags += ["--gpu-memory-utilization", str(args.gpu_memory_utilization)]
+    if args.max_num_batched_tokens:  # also vLLM's encoder cache size: a whole clip must fit
+        flags += ["--max-num-batched-tokens", str(args.max_num_batched_tokens)]
     return flags
 
 
@@ -105,6 +111,8 @@ def _on_line(row: dict[str, Any], line: str, t0: float) -> None:
     if not line.startswith("data:") or line.strip() == "data: [DONE]":
         return
     chunk = json.loads(line[5:])
+    if chunk.get("error"):  # a stream that failed after its 200 is not a measured row
+        raise RuntimeError(f"stream error: {chunk['error']!r}"[:400])
     for choice in chunk.get("choices") or ():
         text = (choice.get("delta") or {}).get("content")
         if text:
@@ -138,7 +146,10 @@ def measure_first(url: str, args: Any) -> dict[str, Any]:
     for frames in clips(args):
         reenc.append(ask(url, body(args, write_clip(None, frames, 4.0, "mjpg"), "mjpg",
                                    QUESTION, "acme")))
-    return {"miss": miss, "reencoded": reenc, "stream": stream(url, args)}
+    followup = [ask(url, body(args, write_clip(None, frames, 4.0, "mp4v"), "mp4v",
+                              FOLLOW_UP_FIRST, "acme", stream=False)) for frames in clips(args)]
+    return {"miss": miss, "reencoded": reenc, "followup": followup,
+            "stream": stream(url, args)}
 
 
 def stream(url: str, args: Any) -> list[dict[str, Any]]:
@@ -148,7 +159,8 @@ def stream(url: str, args: Any) -> list[dict[str, Any]]:
     rows = []
     for r in range(args.stream_requests):
         window = feed[r * args.step:r * args.step + args.frames]
-        rows.append(ask(url, body(args, write_clip(None, window, 4.0, "mp4v"), "mp4v",
+        # 2 fps: as long as the asked clips (2x the frames at 4 fps), every frame sampled
+        rows.append(ask(url, body(args, write_clip(None, window, 2.0, "mp4v"), "mp4v",
                                   STREAM_Q, "acme")))
     return rows
 
@@ -167,6 +179,7 @@ def run_server(kind: str, args: Any, work: Path) -> dict[str, Any]:
     server = make_server(kind, args, work, "first").start()
     try:
         rows = measure_first(server.url, args)
+        time.sleep(args.settle_s)  # the store writes behind the requests (disk_write: async)
     finally:
         server.stop()
     server = make_server(kind, args, work, "restarted").start()
@@ -188,6 +201,7 @@ def summarize(rows: dict[str, Any], args: Any, tokens_per_frame: int) -> dict[st
         "miss_ttft_ms": _p50([r["ttft_ms"] for r in rows["miss"]]),
         "reencoded_ms": _p50([r["e2e_ms"] for r in rows["reencoded"]]),
         "reencoded_ttft_ms": _p50([r["ttft_ms"] for r in rows["reencoded"]]),
+        "followup_ms": _p50([r["e2e_ms"] for r in rows["followup"]]),
         "restart_followup_ms": _p50([r["e2e_ms"] for r in rows["restart_followup"]]),
         "reencoded_cached_tokens": [r["cached_tokens"] for r in rows["reencoded"]],
         "restart_cached_tokens": [r["cached_tokens"] for r in rows["restart_followup"]],
@@ -234,7 +248,8 @@ def compact_rows(rows: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
             row = {k: round(r[k], 2) if isinstance(r[k], float) else r[k] for k in keep}
             rep = r.get("report") or {}
             row.update({k: rep[k] for k in ("hit_tier", "tokens_loaded", "images_loaded",
-                                            "front_ms") if k in rep})
+                                            "images_encoded", "tokens_from_prefix_cache",
+                                            "video_frames", "front_ms") if k in rep})
             out[phase].append(row)
     return out
 
@@ -243,7 +258,7 @@ def answers_equal(ours: dict[str, Any], plain: dict[str, Any]) -> dict[str, floa
     """Share of rows whose answers are the same text, per phase."""
     return {phase: float(np.mean([a["text"] == b["text"] for a, b in
                                   zip(ours[phase], plain[phase])]))
-            for phase in ("miss", "reencoded", "restart_followup")}
+            for phase in ("miss", "reencoded", "followup", "restart_followup")}
 
 
 def image_stream(kind: str, args: Any, work: Path) -> list[dict[str, Any]]:
@@ -308,6 +323,12 @@ def parse_args(argv: Sequence[str] | None) -> Any:
     p.add_argument("--size", type=int, default=224, help="frame side, px")
     p.add_argument("--max-tokens", type=int, default=8)
     p.add_argument("--max-model-len", type=int, default=2048)
+    p.add_argument("--max-num-batched-tokens", type=int, default=None,
+                   help="both servers' --max-num-batched-tokens (default: vLLM's)")
+    p.add_argument("--gpu-memory-utilization", type=float, default=None,
+                   help="both servers' share of GPU memory (default: ServerProcess's 0.3)")
+    p.add_argument("--settle-s", type=float, default=10.0,
+                   help="seconds the first server idles before its restart (async writes)")
     p.add_argument("--work", default="/tmp/vlmcache-video-bench")
     p.add_argument("--image-frames", type=int, default=4,
                    help="frames per request of the image-stream layout (0: not run)")
@@ -325,7 +346,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     rows = {kind: run_server(kind, args, work / kind) for kind in ("plain", "ours")}
     shape = {kind: summarize(r, args, args.tokens_per_frame) for kind, r in rows.items()}
     shape["ratios"] = {k: round(shape["ours"][k] / shape["plain"][k], 3)
-                       for k in ("miss_ms", "reencoded_ms", "restart_followup_ms")}
+                       for k in ("miss_ms", "reencoded_ms", "followup_ms", "restart_followup_ms")}
     shape["answers_equal"] = answers_equal(rows["ours"], rows["plain"])
     if args.image_frames:
         images = {kind: image_stream(kind, args, work / kind) for kind in ("plain", "ours")}
@@ -334,7 +355,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     shape["rows"] = {kind: compact_rows(r) for kind, r in rows.items()}
     shape["settings"] = {k: getattr(args, k) for k in (
         "frames", "tokens_per_frame", "step", "stream_requests", "clips", "size", "max_tokens",
-        "max_model_len", "dummy_weights")}
+        "max_model_len", "max_num_batched_tokens", "dummy_weights", "settle_s")}
     out = Path(args.out)
     result = json.loads(out.read_text()) if out.exists() else {"shapes": {}}
     result["shapes"][args.shape] = {**shape, "command": "python benchmarks/video.py " + " ".join(

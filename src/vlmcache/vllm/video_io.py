@@ -100,13 +100,8 @@ def probe_video(data: bytes) -> tuple[int, int, float, float] | None:
         import cv2
     except ImportError:
         return None
-    try:
-        from vllm.multimodal.video_decoders.opencv import OpenCVVideoBackendMixin
-        api = OpenCVVideoBackendMixin.get_cv2_video_api()
-    except ImportError:
-        api = cv2.CAP_ANY
     stream = io.BytesIO(data)  # held while the capture reads it
-    cap = cv2.VideoCapture(stream, api if api is not None else cv2.CAP_ANY, [])
+    cap = cv2.VideoCapture(stream, _stream_api(cv2), [])
     try:
         if not cap.isOpened():
             raise ValueError("not a video OpenCV reads")
@@ -114,6 +109,21 @@ def probe_video(data: bytes) -> tuple[int, int, float, float] | None:
                 float(cap.get(cv2.CAP_PROP_FRAME_COUNT)), float(cap.get(cv2.CAP_PROP_FPS)))
     finally:
         cap.release()
+
+
+def _stream_api(cv2: Any) -> int:
+    """The OpenCV backend vLLM's loader reads a byte stream with (``CAP_ANY`` cannot read a
+    stream): vLLM 0.32 keeps the choice in ``video_decoders.opencv``, 0.26 in ``video``."""
+    import importlib
+
+    for path in ("vllm.multimodal.video_decoders.opencv", "vllm.multimodal.video"):
+        try:
+            mixin = importlib.import_module(path).OpenCVVideoBackendMixin
+        except (ImportError, AttributeError):
+            continue
+        api = mixin.get_cv2_video_api()
+        return cv2.CAP_ANY if api is None else int(api)
+    return int(cv2.CAP_ANY)
 
 
 #: Model types whose vision encoder mixes frames: Qwen2-VL and its successors merge two

@@ -1,0 +1,112 @@
+"""The verifier's aligned distance for a stack of frame pairs at once.
+
+:func:`~vlmcache.tiers.verify.aligned_distance` compares one pair of thumbnails in about
+3 ms, almost all of it numpy's per-call overhead on 64 x 64 arrays: a 60-frame clip cost
+180 ms to verify. :func:`aligned_distances` computes the same distance (the same terms,
+the same gain/offset fit, the same colour map) for every pair along a leading frame axis
+in one pass. ``tests/tiers/test_verify_batch.py`` holds it equal to the per-pair function,
+which stays the reference: a change to one must be made to both.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from vlmcache.tiers.verify import (
+    _BOX,
+    _YCC,
+    CAST_WEIGHT,
+    CHROMA_WEIGHT,
+    COLOUR_MAP_WEIGHT,
+    LUMA_WEIGHT,
+    SIZE,
+    TINT_WEIGHT,
+)
+
+
+def aligned_distances(query: np.ndarray, cand: np.ndarray) -> np.ndarray:
+    """``(T,)`` distances of ``(T, 3, 64, 64)`` thumbnail stacks, pair ``i`` as
+    :func:`~vlmcache.tiers.verify.aligned_distance` ``(query[i], cand[i])``."""
+    q, c = query.astype(np.float32), cand.astype(np.float32)
+    moved = np.pad(c, ((0, 0), (0, 0), (1, 1), (1, 1)), mode="edge")
+    fitted = _exposed(q, moved)
+    inner = fitted[:, :, 1:-1, 1:-1]
+    rest = q - inner
+    recolour = np.maximum(_recolouring(q, inner), _recolouring(inner, q))
+    cast = np.median(np.abs(rest).max(axis=1).reshape(len(q), -1), axis=1)
+    chroma = _YCC[1:] @ rest.reshape(len(q), 3, -1)
+    tint = np.abs(np.median(chroma, axis=2)).max(axis=1)
+    ql, fl = _luma_chroma(q), _luma_chroma(fitted)
+    there = np.pad(ql, ((0, 0), (0, 0), (1, 1), (1, 1)), mode="edge")
+    diff = np.maximum(_nearest(ql, fl), _nearest(fl[:, :, 1:-1, 1:-1], there))
+    local = _box(diff, _BOX).reshape(len(q), -1).max(axis=1)
+    worst = np.maximum.reduce([local, CAST_WEIGHT * cast, TINT_WEIGHT * tint,
+                               COLOUR_MAP_WEIGHT * recolour])
+    return np.minimum(1.0, worst / 255.0)
+
+
+def _exposed(query: np.ndarray, moved: np.ndarray) -> np.ndarray:
+    """Per pair: ``moved`` under the one gain and offset that best match ``query``, fitted
+    on unsaturated query values (all of them where fewer than 65 are), clipped."""
+    n = len(query)
+    q = query.reshape(n, -1)
+    c = np.ascontiguousarray(moved[:, :, 1:-1, 1:-1]).reshape(n, -1)
+    keep = (q < 250) & (q > 5)
+    keep[keep.sum(axis=1) <= 64] = True
+    count = keep.sum(axis=1)
+    qm, cm = (np.where(keep, x, 0).sum(axis=1, dtype=np.float64) / count for x in (q, c))
+    cd = np.where(keep, c - cm[:, None].astype(np.float32), 0)
+    var = np.einsum("tp,tp->t", cd, cd, dtype=np.float64) / count
+    cov = np.einsum("tp,tp->t", q - qm[:, None].astype(np.float32), cd,
+                    dtype=np.float64) / count
+    safe = var > 1e-6
+    gain = np.where(safe, np.clip(cov / np.where(safe, var, 1.0), 0.7, 1.45), 1.0)
+    offset = np.clip(qm - gain * cm, -40.0, 40.0)
+    out = gain.astype(np.float32)[:, None, None, None] * moved
+    out += offset.astype(np.float32)[:, None, None, None]
+    return np.clip(out, 0.0, 255.0, out=out)
+
+
+def _recolouring(query: np.ndarray, fitted: np.ndarray) -> np.ndarray:
+    """Per pair: the chroma change one global colour map explains
+    (:func:`~vlmcache.tiers.verify._recolouring`)."""
+    n = len(query)
+    q, f = ((_YCC @ im.reshape(n, 3, -1)).astype(np.float64) for im in (query, fitted))
+    w = (f * f).sum(axis=1) + 1.0  # (T, P)
+    fw = f * w[:, None, :]
+    gram = fw @ f.transpose(0, 2, 1)  # (T, 3, 3)
+    rhs = fw @ q[:, 1:].transpose(0, 2, 1)  # (T, 3, 2)
+    colour_map = np.linalg.pinv(gram) @ rhs
+    moved = np.abs(colour_map.transpose(0, 2, 1) @ f - f[:, 1:]).max(axis=1)
+    return (w * moved).sum(axis=1) / w.sum(axis=1)
+
+
+def _luma_chroma(rgb: np.ndarray) -> np.ndarray:
+    """``(T, 3, H, W)`` RGB -> weighted luma and 3x3-blurred weighted chroma."""
+    ycc = (_YCC @ rgb.reshape(len(rgb), 3, -1)).reshape(rgb.shape)
+    ycc[:, 0] *= LUMA_WEIGHT
+    ycc[:, 1:] = CHROMA_WEIGHT * _box(ycc[:, 1:], 3)
+    return ycc
+
+
+def _box(arr: np.ndarray, k: int) -> np.ndarray:
+    """Mean over k x k windows of the last two axes (same size, edges repeated)."""
+    r = k // 2
+    lead = ((0, 0),) * (arr.ndim - 2)
+    pad = np.pad(arr, lead + ((r, r), (r, r)), mode="edge")
+    c = np.cumsum(np.cumsum(pad, axis=-2), axis=-1)
+    c = np.pad(c, lead + ((1, 0), (1, 0)))
+    h, w = arr.shape[-2:]
+    return (c[..., k:k + h, k:k + w] - c[..., :h, k:k + w] - c[..., k:k + h, :w]
+            + c[..., :h, :w]) / (k * k)
+
+
+def _nearest(image: np.ndarray, other_padded: np.ndarray) -> np.ndarray:
+    """Per pixel of ``image`` ``(T, 3, H, W)``: the smallest largest-channel difference
+    to a 3x3 neighbour in ``other_padded`` (a 1 px border larger)."""
+    diff = np.full((image.shape[0],) + image.shape[2:], np.inf, np.float32)
+    for oy in range(3):
+        for ox in range(3):
+            near = np.abs(image - other_padded[:, :, oy:oy + SIZE, ox:ox + SIZE]).max(axis=1)
+            np.minimum(diff, near, out=diff)
+    return diff

@@ -1,0 +1,36 @@
+"""The stacked verifier distance equals the per-pair reference on every kind of pair."""
+
+import numpy as np
+
+from vlmcache.testing.clips import synthetic_frames
+from vlmcache.tiers.verify import aligned_distance
+from vlmcache.tiers.verify_batch import aligned_distances
+from vlmcache.tiers.video import frame_distances, video_thumbnails
+
+
+def _pairs() -> tuple[np.ndarray, np.ndarray]:
+    """Frames against copies with noise, an added object, swapped channels, a flat frame,
+    a brightness change, a desaturation and a greyscale frame."""
+    rng = np.random.default_rng(0)
+    frames = synthetic_frames(1000, n=24, h=96, w=128)
+    edited = np.clip(frames.astype(int) + rng.integers(-6, 7, frames.shape), 0, 255)
+    edited[3, 20:50, 30:60] = (250, 250, 20)
+    edited[5] = edited[5][..., ::-1]
+    edited[7] = 3
+    edited[9] = np.clip(edited[9] * 1.2 + 10, 0, 255)
+    grey = edited[11].mean(axis=2, keepdims=True)
+    edited[11] = (0.4 * edited[11] + 0.6 * grey).astype(int)
+    edited[13] = grey.astype(int)
+    return video_thumbnails(edited.astype(np.uint8)), video_thumbnails(frames)
+
+
+def test_stacked_distances_equal_the_per_pair_reference():
+    query, cand = (t.astype(np.float32) for t in _pairs())
+    reference = np.array([aligned_distance(q, c) for q, c in zip(query, cand)])
+    assert np.allclose(aligned_distances(query, cand), reference, atol=1e-5)
+    assert reference[[3, 5, 13]].min() > 0.3 and reference[[0, 1, 2]].max() < 0.05
+
+
+def test_threaded_chunks_give_the_same_distances():
+    query, cand = (t.astype(np.float32) for t in _pairs())
+    assert np.array_equal(frame_distances(query, cand), aligned_distances(query, cand))
