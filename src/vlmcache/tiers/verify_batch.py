@@ -18,6 +18,9 @@ from vlmcache.tiers.verify import (
     CAST_WEIGHT,
     CHROMA_WEIGHT,
     COLOUR_MAP_WEIGHT,
+    DECOLOUR_WEIGHT,
+    GAIN_MIN,
+    GREY_MAX,
     LUMA_WEIGHT,
     SIZE,
     TINT_WEIGHT,
@@ -36,13 +39,33 @@ def aligned_distances(query: np.ndarray, cand: np.ndarray) -> np.ndarray:
     cast = np.median(np.abs(rest).max(axis=1).reshape(len(q), -1), axis=1)
     chroma = _YCC[1:] @ rest.reshape(len(q), 3, -1)
     tint = np.abs(np.median(chroma, axis=2)).max(axis=1)
+    decolour = _decolouring(q, inner)
     ql, fl = _luma_chroma(q), _luma_chroma(fitted)
     there = np.pad(ql, ((0, 0), (0, 0), (1, 1), (1, 1)), mode="edge")
     diff = np.maximum(_nearest(ql, fl), _nearest(fl[:, :, 1:-1, 1:-1], there))
+    diff[:, 0], diff[:, -1] = diff[:, 1], diff[:, -2]  # the edge ring (verify._inner_ring)
+    diff[:, :, 0], diff[:, :, -1] = diff[:, :, 1], diff[:, :, -2]
     local = _box(diff, _BOX).reshape(len(q), -1).max(axis=1)
     worst = np.maximum.reduce([local, CAST_WEIGHT * cast, TINT_WEIGHT * tint,
-                               COLOUR_MAP_WEIGHT * recolour])
+                               COLOUR_MAP_WEIGHT * recolour, decolour])
     return np.minimum(1.0, worst / 255.0)
+
+
+def _decolouring(query: np.ndarray, fitted: np.ndarray) -> np.ndarray:
+    """Per pair: :func:`~vlmcache.tiers.verify._decolouring`."""
+    low, high = np.sort(np.stack([_colourfulness(query), _colourfulness(fitted)]), axis=0)
+    return np.where(low <= GREY_MAX, DECOLOUR_WEIGHT * np.maximum(0.0, high - GREY_MAX), 0.0)
+
+
+def _colourfulness(rgb: np.ndarray) -> np.ndarray:
+    """Per frame: the largest mean |Cb| or |Cr| of a 5x5 window (edges repeated)."""
+    n = len(rgb)
+    chroma = np.abs(_YCC[1:] @ rgb.reshape(n, 3, -1)).reshape(n, 2, SIZE, SIZE)
+    r = _BOX // 2
+    pad = np.pad(chroma, ((0, 0), (0, 0), (r, r), (r, r)), mode="edge")
+    rows = sum(pad[:, :, k:k + SIZE] for k in range(_BOX))
+    sums = sum(rows[:, :, :, k:k + SIZE] for k in range(_BOX))
+    return sums.reshape(n, -1).max(axis=1) / (_BOX * _BOX)
 
 
 def _exposed(query: np.ndarray, moved: np.ndarray) -> np.ndarray:
@@ -60,7 +83,7 @@ def _exposed(query: np.ndarray, moved: np.ndarray) -> np.ndarray:
     cov = np.einsum("tp,tp->t", q - qm[:, None].astype(np.float32), cd,
                     dtype=np.float64) / count
     safe = var > 1e-6
-    gain = np.where(safe, np.clip(cov / np.where(safe, var, 1.0), 0.7, 1.45), 1.0)
+    gain = np.where(safe, np.clip(cov / np.where(safe, var, 1.0), GAIN_MIN, 1.45), 1.0)
     offset = np.clip(qm - gain * cm, -40.0, 40.0)
     out = gain.astype(np.float32)[:, None, None, None] * moved
     out += offset.astype(np.float32)[:, None, None, None]
