@@ -34,3 +34,14 @@ def test_stacked_distances_equal_the_per_pair_reference():
 def test_threaded_chunks_give_the_same_distances():
     query, cand = (t.astype(np.float32) for t in _pairs())
     assert np.array_equal(frame_distances(query, cand), aligned_distances(query, cand))
+
+
+def test_stacked_thumbnails_equal_the_per_frame_thumbnail():
+    from PIL import Image
+
+    from vlmcache.tiers.verify import thumbnail
+
+    frames = synthetic_frames(7, n=5, h=90, w=130)
+    one_by_one = np.stack([np.clip(thumbnail(Image.fromarray(f)), 0, 255).round()
+                           .astype(np.uint8) for f in frames])
+    assert np.array_equal(video_thumbnails(frames), one_by_one)

