@@ -44,10 +44,9 @@ def summarize(rows: dict[str, list[dict[str, Any]]]) -> dict[str, float]:
 
 def run_variant(name: str, extra: dict[str, object] | None, args: Any,
                 work: Path) -> dict[str, float]:
-    vs.OURS_CONFIG.clear()
-    vs.OURS_CONFIG.update({"log_requests": False, **(extra or {})})
     (work / name).mkdir(parents=True, exist_ok=True)
-    server = vs.make_server("plain" if extra is None else "ours", args, work / name, name)
+    server = vs.make_server("plain" if extra is None else "ours", args, work / name, name,
+                            {"log_requests": False, **(extra or {})})
     server.start()
     try:
         rows: dict[str, list[dict[str, Any]]] = {ph: [] for ph, _ in PHASES}

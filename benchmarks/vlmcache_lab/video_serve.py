@@ -53,9 +53,12 @@ def vllm_flags(args: Any) -> list[str]:
     return flags
 
 
-def make_server(kind: str, args: Any, work: Path, name: str) -> ServerProcess:
-    """``vlmcache serve`` (``ours``) or plain vLLM's server, not started."""
-    config = {**OURS_CONFIG, "store_path": str(work / "store")}
+def make_server(kind: str, args: Any, work: Path, name: str,
+                ours_config: dict[str, object] | None = None) -> ServerProcess:
+    """``vlmcache serve`` (``ours``, with ``ours_config``, default :data:`OURS_CONFIG`) or
+    plain vLLM's server, not started."""
+    base = OURS_CONFIG if ours_config is None else ours_config
+    config = {**base, "store_path": str(work / "store")}
     if args.dummy_weights:
         config["model_revision"] = "dummy-weights"
     server = ServerProcess(Path(args.model), config, work / f"{name}.log", vllm_flags(args))

@@ -119,3 +119,14 @@ def video_chat(question: str, *clips: bytes, tenant: str | None = None, **extra)
         body["cache_salt"] = tenant
     body.update(extra)
     return body
+
+
+def sse_events(response) -> list[str]:
+    """The ``data:`` payloads of a streamed (server-sent events) response, in order."""
+    return [line[6:] for line in response.text.split("\n\n") if line.startswith("data: ")]
+
+
+def delta_text(chunks: list[dict]) -> str:
+    """The answer text streamed chat chunks carry."""
+    return "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks
+                   if c["choices"])

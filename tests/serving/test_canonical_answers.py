@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from fakes import chat, clip_bytes, clip_frames, data_url, image, video_chat  # noqa: E402
+from fakes import (chat, clip_bytes, clip_frames, data_url, delta_text, image,  # noqa: E402
+                   sse_events, video_chat)
 from test_front_asgi import Rig  # noqa: E402
 
 from vlmcache.config import VlmCacheConfig  # noqa: E402
@@ -28,10 +29,6 @@ def _on(tmp_path: Path, **config) -> Rig:
 
 def _report(response) -> dict:
     return response.json()["vlmcache"]
-
-
-def _events(response) -> list[str]:
-    return [line[6:] for line in response.text.split("\n\n") if line.startswith("data: ")]
 
 
 def test_off_a_normalized_repeat_goes_to_the_engine(tmp_path):
@@ -117,11 +114,10 @@ def test_a_canonical_hit_streams_the_stored_answer_with_its_report(tmp_path):
                              stream_options={"include_usage": True}))
     assert streamed.headers["content-type"].startswith("text/event-stream")
     assert streamed.headers["x-vlmcache-hit-tier"] == "response"
-    events = _events(streamed)
+    events = sse_events(streamed)
     assert events[-1] == "[DONE]"
     chunks = [json.loads(e) for e in events[:-1]]
-    text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks
-                   if c["choices"])
+    text = delta_text(chunks)
     assert text == first["choices"][0]["message"]["content"]
     assert any(c.get("usage") for c in chunks)
     report = chunks[-1]["vlmcache"]
@@ -133,7 +129,7 @@ def test_a_streamed_engine_answer_is_stored_under_the_canonical_key(tmp_path):
     rig = _on(tmp_path)
     rig.post(chat(QUESTION, image(3), tenant="A"))
     streamed = rig.post(chat(SPACED, image(3), tenant="A", max_tokens=8, stream=True))
-    assert json.loads(_events(streamed)[-2])["vlmcache"]["hit_tier"] == "text:exact"
+    assert json.loads(sse_events(streamed)[-2])["vlmcache"]["hit_tier"] == "text:exact"
     r = _report(rig.post(chat(QUESTION, image(3), tenant="A", max_tokens=8)))
     assert r["hit_tier"] == "response" and len(rig.engine.bodies) == 2
 

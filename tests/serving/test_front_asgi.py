@@ -12,7 +12,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 sys.path.insert(0, str(Path(__file__).parent))
-from fakes import FakeEngineApp, chat, data_url, image  # noqa: E402
+from fakes import FakeEngineApp, chat, data_url, delta_text, image, sse_events  # noqa: E402
 
 from vlmcache.config import VlmCacheConfig  # noqa: E402
 from vlmcache.serving.asgi import VlmCacheMiddleware  # noqa: E402
@@ -73,11 +73,10 @@ def test_streamed_repeat_replays_the_stored_answer_as_chunks(rig):
     streamed = rig.post(chat("What is shown?", image(1), tenant="A", stream=True,
                              stream_options={"include_usage": True}))
     assert streamed.headers["content-type"].startswith("text/event-stream")
-    events = [line[6:] for line in streamed.text.split("\n\n") if line.startswith("data: ")]
+    events = sse_events(streamed)
     assert events[-1] == "[DONE]"
     chunks = [json.loads(e) for e in events[:-1]]
-    text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks
-                   if c["choices"])
+    text = delta_text(chunks)
     assert text == first["choices"][0]["message"]["content"]
     assert any(c.get("usage") for c in chunks)
     assert chunks[-1]["vlmcache"]["hit_tier"] == "response"
@@ -86,7 +85,7 @@ def test_streamed_repeat_replays_the_stored_answer_as_chunks(rig):
 
 def test_streamed_miss_is_captured_and_reported_before_done(rig):
     streamed = rig.post(chat("Describe it.", image(2), stream=True))
-    events = [line[6:] for line in streamed.text.split("\n\n") if line.startswith("data: ")]
+    events = sse_events(streamed)
     assert events[-1] == "[DONE]"
     report = json.loads(events[-2])["vlmcache"]
     assert report["statuses"]["response"] == "miss"
