@@ -134,6 +134,11 @@ class VlmCacheConfig:
             the image verifier in the same order and count (``image_verify_threshold``).
         video_store_budget: bytes of memory for canonical videos (their frames' thumbnails
             and bytes; least recently used out, one tenant at most half).
+        video_handoff_budget: bytes of decoded frames the front keeps for vLLM's video
+            loader in its own process (``vlmcache serve``), so a clip is decoded once; 0:
+            vLLM decodes each clip again.
+        video_handoff_ttl_s: how long a kept decode waits for the engine's loader (one
+            the engine never asks for, an answer from the response tier, leaves then).
         max_request_bytes: largest request body the front accepts.
         metrics_tenant_label: label metrics by tenant (off: one label for all tenants).
         open_routes: comma-separated server routes the front refuses by default (admin,
@@ -247,6 +252,8 @@ class VlmCacheConfig:
     max_videos_per_request: int = 2
     enable_video_near_duplicates: bool = False
     video_store_budget: int = 256 * 1024**2
+    video_handoff_budget: int = 1024**3
+    video_handoff_ttl_s: float = 30.0
     max_request_bytes: int = 64 * 1024**2
     metrics_tenant_label: bool = True
     open_routes: str = ""  # issue 33: default deny on every other route

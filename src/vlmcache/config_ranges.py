@@ -95,6 +95,7 @@ RANGES: dict[str, Range] = {
     "max_image_bytes": _BYTES,
     "max_video_bytes": _BYTES,
     "video_store_budget": _BYTES,
+    "video_handoff_budget": Range(0, note="a byte size; 0: vLLM decodes each clip again"),
     "max_request_bytes": _BYTES,
     "redis_kv_budget": _BYTES,
     "redis_encoder_budget": _BYTES,
@@ -133,6 +134,7 @@ RANGES: dict[str, Range] = {
     "max_video_frames": Range(1, note="a positive count"),
     "max_video_pixels": _COUNT,
     "max_video_duration_s": _POSITIVE_S,
+    "video_handoff_ttl_s": _POSITIVE_S,
     "max_videos_per_request": _COUNT,
     # Redis
     "redis_timeout_ms": _POSITIVE,

@@ -79,6 +79,7 @@ def _first_server(server, clip) -> None:
     assert r1["hit_tier"] is None and r1["video_frames"] == [FRAMES]
     assert r1["video_encoder_mixes_frames"] is False  # LLaVA-NeXT-Video: CLIP per frame
     assert r1["prompt_tokens"] > FRAMES * 64 and r1["tokens_computed"] == r1["prompt_tokens"]
+    assert "took the front's decode (clip decoded once" in server.log()  # one decode
     # the same frames in another lossless container: the response tier answers
     again, r2 = ask(server, write_clip(None, clip, 4.0, "huffyuv"), codec="huffyuv",
                     cache_answers=True)

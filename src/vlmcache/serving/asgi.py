@@ -234,8 +234,13 @@ def front_from_env() -> CascadeFront:
     media_io = spec.get("media_io_kwargs")
     if media_io is not None and not isinstance(media_io, dict):
         raise ConfigError(f"{CONFIG_ENV}: media_io_kwargs in {path} must be an object")
-    return CascadeFront.for_model(spec["model"], config, metrics=FrontMetrics.create(
+    front = CascadeFront.for_model(spec["model"], config, metrics=FrontMetrics.create(
         tenant_label=config.metrics_tenant_label), media_io_kwargs=media_io)
+    # vLLM's server decodes requests' videos in this process: one decode serves both
+    from vlmcache.vllm.video_handoff import install
+
+    install(config.video_handoff_budget, config.video_handoff_ttl_s)
+    return front
 
 
 async def _read_body(receive: Receive, limit: int) -> bytes:

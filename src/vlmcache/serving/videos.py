@@ -149,16 +149,17 @@ def decode_video_url(url: str, field: str, limits: VideoLimits, sampling: VideoS
     else:
         raise RequestError(f"{field}: unsupported video URL scheme (use a data: URL)")
     video = load_video_bytes(data, field, limits, sampling, kwargs, processor_kwargs,
-                             thumbs).video
+                             thumbs, keep=True).video
     return dataclasses.replace(video, data_url=data_url)
 
 
 def load_video_bytes(data: bytes, field: str, limits: VideoLimits, sampling: VideoSampling,
                      kwargs: Mapping[str, Any], processor_kwargs: Mapping[str, Any] | None,
-                     thumbs: bool = True) -> LoadedVideo:
+                     thumbs: bool = True, keep: bool = False) -> LoadedVideo:
     """Decode an encoded clip within ``limits`` as the engine samples it: its identity and
     the frames themselves, or :class:`RequestError` naming ``field`` (``thumbs``: with the
-    frames' thumbnails, which only the near-duplicate tier needs)."""
+    frames' thumbnails, which only the near-duplicate tier needs; ``keep``: the engine's
+    loader in this process takes this decode instead of decoding the bytes again)."""
     from vlmcache.keys import video_content_hash
 
     if len(data) > limits.max_bytes:
@@ -166,7 +167,7 @@ def load_video_bytes(data: bytes, field: str, limits: VideoLimits, sampling: Vid
                             "limit (max_video_bytes)")
     check_container(data, field, limits)
     try:
-        frames, metadata = load_video(data, sampling, kwargs)
+        frames, metadata = load_video(data, sampling, kwargs, keep)
     except Exception as exc:  # vLLM raises ValueError, cv2.error, RuntimeError, ...
         raise RequestError(f"{field}: cannot decode the video "
                            f"({type(exc).__name__}: {str(exc)[:200]})") from None

@@ -63,15 +63,23 @@ def _backend_for(video_processor: str) -> str | None:
     return get_video_loader_backend_for_processor(video_processor)
 
 
-def load_video(data: bytes, sampling: VideoSampling,
-               kwargs: Mapping[str, Any]) -> tuple[Any, dict[str, Any]]:
+def load_video(data: bytes, sampling: VideoSampling, kwargs: Mapping[str, Any],
+               keep: bool = False) -> tuple[Any, dict[str, Any]]:
     """``(frames, metadata)`` of a video's bytes, decoded by vLLM's loader: ``frames`` a
     ``(T, H, W, 3)`` uint8 array of the sampled frames, ``metadata`` what the model's
-    processor gets (fps, frame indices, duration, ...). Raises what vLLM raises."""
+    processor gets (fps, frame indices, duration, ...). Raises what vLLM raises.
+
+    ``keep``: hand the decode to vLLM's loader in this process (:mod:`.video_handoff`, when
+    installed), which would decode the same bytes again."""
+    from contextlib import nullcontext
+
+    from vlmcache.vllm import video_handoff
+
     module = _video_io_module()
     image_kwargs = {"image_mode": "RGB", **dict(sampling.media_io_kwargs.get("image", {}))}
     io = module.VideoMediaIO(_image_io_class()(**image_kwargs), **dict(kwargs))
-    loaded = io.load_bytes(data)
+    with video_handoff.keeping() if keep else nullcontext():
+        loaded = io.load_bytes(data)
     frames, metadata = getattr(loaded, "media", loaded)
     return frames, dict(metadata)
 
