@@ -112,6 +112,7 @@ RANGES: dict[str, Range] = {
     "kv_io_threads": Range(1, 64),
     "kv_read_bytes_per_s_prior": _POSITIVE,
     "kv_prefill_tokens_per_s_prior": _POSITIVE,
+    "encoder_embeds_per_s_prior": _POSITIVE,
     "kv_read_fixed_s": Range(0, is_float=True, note="seconds"),
     # similarity tiers
     "semantic_text_threshold": _SHARE,

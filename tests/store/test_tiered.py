@@ -127,3 +127,17 @@ def test_close_persists_disk_tier(tmp_path: Path) -> None:
     reopened = TieredStore(MemoryStore(100), DiskStore(tmp_path, 400))
     out = reopened.get(A)
     assert out is not None and torch.equal(out["kv"], chunk(3)["kv"])
+
+
+def test_locate_says_which_tier_holds_a_key_and_its_size(tmp_path: Path):
+    """What the encoder tier's load-versus-encode decision reads: no stats, no read."""
+    store = TieredStore(MemoryStore(1000), DiskStore(tmp_path, 1000))
+    key = "a" * 64
+    assert store.locate(key) is None
+    store.put(key, {"t": torch.zeros(100, dtype=torch.uint8)})
+    store.flush()
+    assert store.locate(key) == ("memory", 100)
+    store.memory.delete(key)
+    where = store.locate(key)
+    assert where is not None and where[0] == "disk" and where[1] >= 100
+    assert store.stats().hits == 0 and store.stats().misses == 0

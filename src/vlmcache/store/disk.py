@@ -105,6 +105,18 @@ class DiskStore:
                 return True
         return os.path.exists(path)
 
+    def size_of(self, key: str) -> int | None:
+        """Bytes ``key``'s file holds (its index entry, else the file's size: a hint for a
+        cost decision, never trusted for a read); ``None`` when absent."""
+        with self._lock:
+            entry = self._index.get(key)
+        if entry is not None:
+            return entry.nbytes
+        try:
+            return os.stat(self.path_for(key)).st_size
+        except OSError:
+            return None
+
     def touch(self, key: str) -> bool:
         """Mark ``key`` most recently used without reading it; ``True`` when indexed."""
         check_key(key)

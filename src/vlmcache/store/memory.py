@@ -88,6 +88,12 @@ class MemoryStore:
         with self._lock:
             return key in self._entries
 
+    def size_of(self, key: str) -> int | None:
+        """Payload bytes of ``key``, or ``None`` when absent; no stats, no LRU touch."""
+        with self._lock:
+            entry = self._entries.get(key)
+        return None if entry is None else entry[1]
+
     def get(self, key: str, *, tenant: Tenant = None) -> dict[str, torch.Tensor] | None:
         """The stored tensors (marked used), or ``None`` on a miss (counted for ``tenant``)."""
         with self._lock:

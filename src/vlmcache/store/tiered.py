@@ -76,6 +76,16 @@ class TieredStore:
         self._check(key)
         return self.memory.contains(key) or (self.disk is not None and self.disk.contains(key))
 
+    def locate(self, key: str) -> tuple[str, int] | None:
+        """Where ``key`` is and about how many bytes: ``("memory", n)`` or ``("disk", n)``;
+        ``None`` when neither tier holds it. No stats, no LRU touch."""
+        self._check(key)
+        nbytes = self.memory.size_of(key)
+        if nbytes is not None:
+            return "memory", nbytes
+        nbytes = self.disk.size_of(key) if self.disk is not None else None
+        return None if nbytes is None else ("disk", nbytes)
+
     def ensure_in_memory(self, key: str) -> bool:
         """Whether ``key`` is readable; a disk chunk is read, verified and put in memory.
 

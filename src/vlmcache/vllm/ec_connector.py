@@ -35,6 +35,8 @@ except ImportError:  # pragma: no cover - the CPU test machine runs 0.32
 
 from vlmcache.config import VlmCacheConfig
 from vlmcache.store.kvstore import shared_encoder_store
+from vlmcache.vllm.cost import CostModel, CostPriors
+from vlmcache.vllm.encoder_cost import EncoderGate
 from vlmcache.vllm.encoder_plan import (
     EncoderLoad, EncoderPlanner, EncoderTransfer, encode_instead,
 )
@@ -101,7 +103,8 @@ class VlmCacheECConnector(ECConnectorBase):
         namespace = namespace_for_engine(vllm_config, self._config, encoder=True)
         self._store = shared_encoder_store(self._config)
         self._planner = EncoderPlanner(namespace.digest, self._store.ensure_in_memory,
-                                       self._config.enable_encoder_cache)
+                                       self._config.enable_encoder_cache,
+                                       _gate(self._config, self._store, vllm_config))
         device = vllm_config.ec_transfer_config.ec_buffer_device or "cpu"
         self._transfer = EncoderTransfer(self._store, namespace.digest, device)
         self._step_tenants: dict[str, str] = {}
@@ -172,6 +175,27 @@ class VlmCacheECConnector(ECConnectorBase):
     def request_finished(self, request: "Request") -> tuple[bool, dict[str, Any] | None]:
         items = self._planner.finish(request.request_id, len(request.mm_features or []))
         return False, {PARAMS_KEY: items}
+
+
+def _gate(config: VlmCacheConfig, store: Any, vllm_config: Any) -> EncoderGate | None:
+    """The load-versus-encode gate (``None``: a store that cannot say where a key is, or a
+    model whose output size per embed is unknown; then every stored output is loaded)."""
+    locate = getattr(store, "locate", None)
+    try:
+        model = vllm_config.model_config
+        import torch
+
+        per_embed = int(model.get_hidden_size()) * torch.empty(
+            (), dtype=model.dtype).element_size()
+    except Exception:  # a config without a text hidden size: no decision to make
+        return None
+    if locate is None or per_embed <= 0:
+        return None
+    cost = CostModel(CostPriors(read_bytes_per_s=config.kv_read_bytes_per_s_prior,
+                                read_fixed_s=config.kv_read_fixed_s,
+                                prefill_tokens_per_s=config.encoder_embeds_per_s_prior),
+                     enabled=config.kv_cost_model)
+    return EncoderGate(cost, locate, per_embed)
 
 
 def _agree_across_ranks(loads: tuple[EncoderLoad, ...],

@@ -34,6 +34,7 @@ from typing import Callable, Mapping, Protocol
 import torch
 
 from vlmcache.keys import encoder_output_key, is_minted_image_uuid
+from vlmcache.vllm.encoder_cost import EncoderGate
 
 logger = logging.getLogger(__name__)
 
@@ -73,10 +74,11 @@ class EncoderPlanner:
     """Scheduler side: answers "is this image's encoder output stored?" and plans loads."""
 
     def __init__(self, namespace_digest: str, available: Callable[[str], bool],
-                 enabled: bool = True) -> None:
+                 enabled: bool = True, gate: EncoderGate | None = None) -> None:
         self.namespace_digest = namespace_digest
         self._available = available
         self._enabled = enabled
+        self._gate = gate
         self._pending: dict[str, EncoderLoad] = {}
         self._requests: dict[str, _RequestItems] = {}
 
@@ -85,8 +87,17 @@ class EncoderPlanner:
 
     def has(self, identifier: str) -> bool:
         """Whether the stored output is present *and verified* in this process (a promise
-        the worker then fails to keep is encoded instead: :func:`encode_instead`)."""
-        return self._enabled and self._available(self.key(identifier))
+        the worker then fails to keep is encoded instead: :func:`encode_instead`), and, with
+        a gate, worth reading rather than encoding again."""
+        if not self._enabled:
+            return False
+        key = self.key(identifier)
+        if self._gate is None:
+            return self._available(key)
+        decision = self._gate.decide(key)
+        if decision is not None and decision.choice == "skip":
+            return False
+        return self._gate.read(key, self._available, decision)
 
     def on_allocated(self, request_id: str, identifier: str, num_embeds: int,
                      input_id: int = -1) -> None:
