@@ -103,23 +103,30 @@ def test_verdict_reads_best_goodput_and_lowest_rate_miss_ttft() -> None:
 
 
 async def _fake_sse(scope, receive, send) -> None:  # type: ignore[no-untyped-def]
-    """An OpenAI-like streaming server: 0.2 s to the first token, 3 tokens, a report.
-    Path /blank: the tokens' text is empty (dummy weights' special tokens), then a finish."""
+    """An OpenAI-like streaming server: the role chunk at once, 0.2 s to the first of 3
+    tokens, 0.3 s more to the finish, then usage and a report. Path /blank: the tokens' text
+    is empty (dummy weights); /usage: empty too, with vLLM's continuous usage stats."""
     import asyncio
     import json
 
-    text = "" if scope["path"].startswith("/blank") else "x"
+    path = scope["path"]
+    text = "x" if path.startswith("/v1") else ""
+
+    def usage(n: int) -> dict[str, object]:
+        return {"usage": {"completion_tokens": n}} if path.startswith("/usage") else {}
 
     while (await receive()).get("more_body"):
         pass
     await send({"type": "http.response.start", "status": 200, "headers": [
         (b"content-type", b"text/event-stream"), (b"x-vlmcache-hit-tier", b"image")]})
-    await asyncio.sleep(0.2)
-    for chunk in ({"choices": [{"delta": {"role": "assistant"}}]},
-                  *({"choices": [{"delta": {"content": text}}]} for _ in range(3)),
-                  {"choices": [{"delta": {}, "finish_reason": "length"}]},
-                  {"choices": [], "usage": {"completion_tokens": 3}},
-                  {"choices": [], "vlmcache": {"hit_tier": "image"}}):
+    plan = [(0.0, {"choices": [{"delta": {"role": "assistant", "content": ""}}], **usage(0)}),
+            *((0.2 if k == 0 else 0.0, {"choices": [{"delta": {"content": text}}],
+                                        **usage(k + 1)}) for k in range(3)),
+            (0.3, {"choices": [{"delta": {}, "finish_reason": "length"}], **usage(3)}),
+            (0.0, {"choices": [], "usage": {"completion_tokens": 3}}),
+            (0.0, {"choices": [], "vlmcache": {"hit_tier": "image"}})]
+    for delay, chunk in plan:
+        await asyncio.sleep(delay)
         data = b"data: " + json.dumps(chunk).encode() + b"\n\n"
         await send({"type": "http.response.body", "body": data, "more_body": True})
     await send({"type": "http.response.body", "body": b"data: [DONE]\n\n"})
@@ -148,16 +155,35 @@ def test_run_phase_is_open_loop_and_reads_ttft_tier_and_tokens() -> None:
                                            ["new"] * 10, offsets, drain_s=10))
         blank, _ = asyncio.run(run_phase(f"http://127.0.0.1:{port}/blank", [{}] * 3,
                                          ["new"] * 3, [0.0, 0.01, 0.02], drain_s=10))
+        usage, _ = asyncio.run(run_phase(f"http://127.0.0.1:{port}/usage", [{}] * 3,
+                                         ["new"] * 3, [0.0, 0.01, 0.02], drain_s=10))
     finally:
         server.should_exit = True
         thread.join()
     assert [r["i"] for r in rows] == list(range(10))
     assert all(r["status"] == 200 and r["tier"] == "image" and r["tokens"] == 3 for r in rows)
-    assert all(200 <= r["ttft_ms"] <= r["e2e_ms"] < 1500 for r in rows)
-    assert wall < 1.5  # closed loop one at a time would take >= 2 s
-    # no visible text (the GPU run's dummy Qwen2-VL): answered, TTFT at the finish chunk
-    assert all(r["status"] == 200 and 200 <= r["ttft_ms"] <= r["e2e_ms"] for r in blank)
-    assert summarize(blank, 1.0, Slo())["answered"] == 3
+    assert all(200 <= r["ttft_ms"] < 450 and r["e2e_ms"] >= 500 for r in rows)
+    assert {r["ttft_by"] for r in rows} == {"content"}
+    assert wall < 2.0  # closed loop one at a time would take >= 5 s
+    # no visible text, no usage: answered, TTFT at the finish chunk
+    assert all(r["status"] == 200 and r["ttft_ms"] >= 500 and r["ttft_by"] == "finish"
+               for r in blank)
+    # no visible text, continuous usage (the GPU run's dummy Qwen2-VL): the first token
+    assert all(200 <= r["ttft_ms"] < 450 and r["ttft_by"] == "usage" for r in usage)
+    assert summarize(usage, 1.0, Slo())["ttft_by"] == {"usage": 3}
+
+
+def test_first_token_mark_skips_the_role_chunk_and_usage_only_chunks() -> None:
+    from vlmcache_lab.serve_gpu_load import first_token_mark
+
+    role = {"choices": [{"delta": {"role": "assistant", "content": ""}}],
+            "usage": {"completion_tokens": 0}}
+    assert first_token_mark(role) is None
+    assert first_token_mark({"choices": [], "usage": {"completion_tokens": 5}}) is None
+    assert first_token_mark({"choices": [{"delta": {"content": ""}}],
+                             "usage": {"completion_tokens": 1}}) == "usage"
+    assert first_token_mark({"choices": [{"text": "a"}]}) == "content"
+    assert first_token_mark({"choices": [{"delta": {}, "finish_reason": "stop"}]}) == "finish"
 
 
 def test_front_capacity_bodies_reach_the_tier_they_measure() -> None:
