@@ -214,3 +214,57 @@ def test_merge_keeps_each_shapes_trace_and_the_notes(tmp_path: Path) -> None:
     assert out["commands"] == ["run a", "run b"] and out["notes"] == ["n1"]
     assert out["shapes"]["b"]["trace_composition"] == {"requests": 20}
     assert "composition" not in out["trace"] and "n1" not in out["merged_by"]
+
+
+def _args(tmp_path: Path, **over: object) -> object:
+    from vlmcache_lab.serve_gpu import parse_args
+
+    args = parse_args(["--geometry", str(tmp_path / "model"), "--rates", "4,8"])
+    for k, v in over.items():
+        setattr(args, k, v)
+    return args
+
+
+def test_proxy_layout_puts_the_front_before_a_frontless_serve_and_keeps_plain(
+        tmp_path: Path) -> None:
+    from vlmcache_lab.serve_gpu_servers import ProxiedServer, make_servers
+
+    inproc = make_servers(_args(tmp_path, paraphrase="off"), tmp_path)
+    proxied = make_servers(_args(tmp_path, ours_layout="proxy", paraphrase="off"), tmp_path)
+    ours = proxied["ours"]
+    assert isinstance(ours, ProxiedServer) and ours.url == ours.proxy.url
+    engine, proxy = ours.engine.argv, ours.proxy.argv
+    assert engine[engine.index("serve") + 2] == "--vlmcache-no-front"
+    assert "--vlmcache-no-front" not in inproc["ours"].argv  # type: ignore[attr-defined]
+    assert proxy[proxy.index("proxy") + 1] == str(tmp_path / "model")
+    assert proxy[proxy.index("--upstream") + 1] == ours.engine.url
+    sets = {proxy[k + 1] for k, a in enumerate(proxy) if a == "--vlmcache-set"}
+    assert f"store_path={tmp_path / 'store'}" in sets and "enable_semantic_text=false" in sets
+    strip = {inproc["plain"].port, proxied["plain"].port}  # type: ignore[attr-defined]
+    plain = [[a for a in s["plain"].argv if a not in {str(p) for p in strip}]  # type: ignore
+             for s in (inproc, proxied)]
+    assert plain[0] == plain[1]  # the baseline is the same in both layouts
+
+
+def test_paraphrase_follows_the_embedder_unless_forced(tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    from vlmcache_lab import serve_gpu_servers as sgs
+
+    monkeypatch.setattr(sgs, "text_embedder_path", lambda: None)
+    assert sgs.ours_config(_args(tmp_path))["enable_semantic_text"] is False
+    assert sgs.ours_config(_args(tmp_path, paraphrase="on"))["enable_semantic_text"] is True
+    monkeypatch.setattr(sgs, "text_embedder_path", lambda: tmp_path)
+    assert sgs.ours_config(_args(tmp_path))["enable_semantic_text"] is True
+    forced = _args(tmp_path, ours_config='{"enable_semantic_text": false}')
+    assert sgs.ours_config(forced)["enable_semantic_text"] is False
+
+
+def test_rates_that_might_not_fit_the_budget_are_skipped(tmp_path: Path) -> None:
+    import time
+
+    from vlmcache_lab.serve_gpu import rate_cost_s, run_rates
+
+    args = _args(tmp_path, phase_s=10.0, drain_s=8.0, pause_s=3.0)
+    assert rate_cost_s(args) == 42.0
+    rates, trace, skipped = run_rates(args, {}, time.monotonic() + 41.0)
+    assert rates == [] and trace == [] and skipped == [4.0, 8.0]
