@@ -5,10 +5,19 @@ memory share, dummy weights of a 7B geometry from ``benchmarks/geometries/``) an
 turns: for each arrival rate, the next slice of one seeded trace (``serve_gpu_trace``) is
 sent to one server, then the same slice to the other (plain first at the first and last
 rate: the baseline runs first and last). Per rate and server: throughput, goodput under
-the SLO, TTFT / e2e percentiles, TTFT on the requests the cache missed, hits per tier.
+the SLO, TTFT (at the first chunk carrying a token, ``serve_gpu_load``) / e2e percentiles,
+TTFT on the requests the cache missed, hits per tier. ``--ours-layout proxy`` runs the front
+in its own process (``serve_gpu_servers``); ``--paraphrase auto`` turns the paraphrase tiers
+on where the text embedder is installed; ``--budget-s`` skips the rates that might not fit.
+
+Time: a shape takes its servers' start (at once; ~45-75 s eager on an H200), then per rate
+at most 2 x (phase + drain + pause) s (a side's drain only runs out when it is overloaded),
+then ~10 s to stop. Two shapes of 5 rates at ``--phase-s 10 --drain-s 8 --pause-s 2`` fit
+one 560 s device call with ``--budget-s 265`` each.
 
     python benchmarks/serve_gpu.py --geometry benchmarks/geometries/qwen2vl7b \\
-        --rates 4,12,24,48 --phase-s 20 --out serve-gpu-qwen2vl7b.json
+        --rates 6,10,14,18,24 --phase-s 10 --drain-s 8 --pause-s 2 --ours-layout proxy \\
+        --budget-s 265 --out serve-gpu-qwen2vl7b.json
     python benchmarks/serve_gpu.py --merge A.json B.json --out benchmarks/results/serve-gpu.json
 """
 

@@ -98,6 +98,9 @@ def test_streamed_repeat_with_continuous_usage_marks_the_first_token_like_vllm(r
     assert chunks[-2]["usage"] == first["usage"] and not chunks[-2]["choices"]
     plain = rig.post(chat("What is shown?", image(1), tenant="A", stream=True))
     assert not any("usage" in json.loads(e) for e in sse_events(plain)[:-1])
+    opts = {"include_usage": True, "continuous_usage_stats": True}
+    rig.post(chat("Describe it.", image(2), tenant="A", stream=True, stream_options=opts))
+    assert rig.engine.bodies[-1]["stream_options"] == opts  # a miss: passed to vLLM as sent
 
 
 def test_streamed_miss_is_captured_and_reported_before_done(rig):
