@@ -36,4 +36,7 @@ def test_accuracy_with_and_without_cache_over_the_same_requests() -> None:
     rows = [{"i": 0, "status": 200, "answer": "Yes"}, {"i": 1, "status": 200, "answer": "no"},
             {"i": 2, "status": -1, "answer": None}]
     out = accuracy_figures(rows, mix, {("q1", "u1"): "yes", ("q2", "u2"): "red"})
+    diff = out.pop("differing")
     assert out == {"n": 2, "accuracy": 0.5, "accuracy_no_cache": 1.0, "equal": False}
+    assert [(d["i"], d["answer"], d["answer_no_cache"], d["truth"]) for d in diff] == \
+        [(1, "no", "yes", "yes")]

@@ -87,7 +87,22 @@ def accuracy_figures(rows: Sequence[dict[str, Any]], mix: Sequence[LoadRequest],
     n = max(len(ok), 1)
     return {"n": len(ok), "accuracy": round(right / n, 4),
             "accuracy_no_cache": round(right_nc / n, 4),
-            "equal": right == right_nc}
+            "equal": right == right_nc, "differing": differing(ok, mix, reference)}
+
+
+def differing(rows: Sequence[dict[str, Any]], mix: Sequence[LoadRequest],
+              reference: dict[answer_check.AnswerKey, str | None]) -> list[dict[str, Any]]:
+    """The requests whose answer differs from the no-cache pass's, with both answers."""
+    norm = answer_check.normalize
+    out = []
+    for r in rows:
+        req = mix[r["i"]]
+        plain = reference.get((req.question, req.image_url))
+        if norm(r["answer"]) != norm(plain):
+            out.append({"i": r["i"], "kind": req.kind, "question": req.question,
+                        "tier": answer_check.tier_label(r.get("report")),
+                        "answer": r["answer"], "answer_no_cache": plain, "truth": req.truth})
+    return out
 
 
 def _args(argv: Sequence[str] | None) -> Any:
