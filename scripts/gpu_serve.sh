@@ -2,10 +2,13 @@
 # The GPU serving load benchmark (benchmarks/serve_gpu.py) on a lent GPU machine, in the
 # background so that no device call's 10-minute limit cuts a run; vLLM 0.26 staged in
 # /root/site by ../shared/gpu/stage-vllm.sh.
-#   bash scripts/gpu_serve.sh start "qwen2vl7b:8,24,48,96" "llava7b:6,18,36,72"   # returns at once
-#   bash scripts/gpu_serve.sh wait 540    # up to 540 s; per-shape results and logs -> $OUT
+#   ARGS="--phase-s 10 --drain-s 8 --pause-s 2 --ours-layout proxy --budget-s 265" \
+#     bash scripts/gpu_serve.sh start "qwen2vl7b:6,10,14,18,24" "llava7b:24,36,48,60,72"
+#   bash scripts/gpu_serve.sh wait 550    # up to 550 s; per-shape results and logs -> $OUT
 # Shapes run one after the other (each: both servers at once on the GPU, 0.4 of its memory
-# each); a shape's file is written when it finishes. ARGS: more serve_gpu.py arguments.
+# each); a shape's file is written when it finishes. ARGS: more serve_gpu.py arguments
+# (--budget-s: each shape's share of the call; see serve_gpu.py's docstring). The paraphrase tiers are on when the text
+# embedder was staged in /root/emb-site (scripts/stage_embedder.sh; .gpu/emb0, .gpu/emb1).
 set -uo pipefail
 code=/root/serve-code
 case "${1:-}" in
@@ -21,7 +24,9 @@ case "${1:-}" in
         --work /root/serve-work-$shape --out /root/serve-out/serve-gpu-$shape.json ${ARGS:-} \
         > /root/serve-out/log-$shape.txt 2>&1; echo \$? > /root/serve-out/rc-$shape; "
     done
-    (cd "$code" && PYTHONPATH=/root/site:$code/src:$code/benchmarks PYTHONUNBUFFERED=1 \
+    emb=""; [ -f /root/emb-site/.complete ] && emb=/root/emb-site:
+    echo "text embedder: ${emb:-not staged (paraphrase tiers off)}"
+    (cd "$code" && PYTHONPATH=/root/site:$emb$code/src:$code/benchmarks PYTHONUNBUFFERED=1 \
       setsid bash -c "$cmds touch /root/serve-out/done" < /dev/null > /dev/null 2>&1 &)
     sleep 2; echo "started $# shape(s)"
     ;;
@@ -35,6 +40,7 @@ case "${1:-}" in
       cp "$f" /root/serve-out/serve-gpu-$s.json "${OUT:-/tmp}/" 2>/dev/null
       tail -c 20000 /root/serve-work-$s/ours.log > "${OUT:-/tmp}/ours-$s.log" 2>/dev/null
       tail -c 8000 /root/serve-work-$s/plain.log > "${OUT:-/tmp}/plain-$s.log" 2>/dev/null
+      tail -c 8000 /root/serve-work-$s/proxy.log > "${OUT:-/tmp}/proxy-$s.log" 2>/dev/null
     done
     nvidia-smi --query-gpu=memory.used --format=csv,noheader
     ;;

