@@ -1,7 +1,7 @@
 """``vlmcache`` command line: inspect, verify and clear a store; print a config.
 
     vlmcache serve  MODEL [--vlmcache-config FILE] [--vlmcache-set KEY=VALUE] [vLLM args]
-    vlmcache proxy  MODEL --upstream URL [--upstream URL] [--port 8080]
+    vlmcache proxy  MODEL --upstream URL [--upstream URL] [--port 8080] [--routing R]
     vlmcache stats  --store ~/.cache/vlmcache [--server http://host:8000]
     vlmcache verify --store ~/.cache/vlmcache      # reads every chunk, drops corrupt ones
     vlmcache clear  --store ~/.cache/vlmcache --yes
@@ -118,11 +118,18 @@ def cmd_proxy(args: argparse.Namespace) -> int:
         media_io = parse_media_io_kwargs(args.media_io_kwargs, "--media-io-kwargs")
     except ValueError as exc:
         raise VlmCacheError(str(exc)) from exc
+    if args.routing is not None:
+        from vlmcache.serving.routing import check_policy
+
+        try:
+            check_policy(args.routing)
+        except ValueError as exc:
+            raise VlmCacheError(f"--{exc}") from exc
     front = CascadeFront.for_model(args.model, config, metrics=FrontMetrics.create(
         tenant_label=config.metrics_tenant_label), media_io_kwargs=media_io)
     try:
-        uvicorn.run(build_proxy_app(front, args.upstream), host=args.host, port=args.port,
-                    log_level="warning")
+        app = build_proxy_app(front, args.upstream, routing=args.routing)
+        uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
     finally:
         front.close()
     return 0
@@ -213,6 +220,10 @@ def _add_serving_parsers(sub: "argparse._SubParsersAction[argparse.ArgumentParse
     p.add_argument("--port", type=int, default=8080)
     p.add_argument("--media-io-kwargs", default=None, metavar="JSON",
                    help="the upstreams' --media-io-kwargs (how they sample video frames)")
+    p.add_argument("--routing", default=None, metavar="affinity|round_robin",
+                   help="which upstream gets a request: by cache affinity on the "
+                   "canonicalized request (falls back to a less loaded or live one) or "
+                   "round robin (default: the config's proxy_routing, affinity)")
     _front_args(p)
     p.set_defaults(func=cmd_proxy)
 

@@ -25,6 +25,7 @@ RemoteImagePolicy = Literal["refuse", "fetch"]  # issue 12
 AdmissionName = Literal["always", "second_sight"]  # issue 14A
 EvictionName = Literal["lru", "reuse"]  # issue 14A
 KvBlockLayout = Literal["per_layer", "cross_layer"]  # issue 11
+ProxyRouting = Literal["affinity", "round_robin"]  # issue 35
 
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]i?b?|b)?\s*$", re.IGNORECASE)
 _SIZE_UNITS = {"": 1, "b": 1, "k": 1000, "m": 1000**2, "g": 1000**3, "t": 1000**4,
@@ -123,6 +124,15 @@ class VlmCacheConfig:
         remote_image_timeout_s: time limit of one remote image fetch.
         max_image_bytes: largest encoded image the front accepts.
         max_image_pixels: largest decoded image (width x height) the front accepts.
+        proxy_routing: which upstream ``vlmcache proxy`` sends a request to: ``affinity``
+            (default: the upstream that rendezvous hashing picks for the tenant's canonical
+            media identities, else prompt prefix, so that the replica whose prefix and
+            encoder caches hold that image serves it) or ``round_robin``.
+        proxy_affinity_slack: under affinity, the preferred upstream is passed over (for
+            the next in the key's order, then the least loaded) while it has more than this
+            many requests in flight above the least loaded upstream.
+        proxy_down_s: under affinity, how long an upstream that refused a connection is
+            passed over.
         max_images_per_request: most images one request may carry.
         max_video_bytes: largest encoded video (``video_url`` part) the front accepts.
         max_video_frames: most frames the model's sampling may take from one video.
@@ -258,6 +268,11 @@ class VlmCacheConfig:
     metrics_tenant_label: bool = True
     open_routes: str = ""  # issue 33: default deny on every other route
     # --- end issue 12 ---
+    # --- issue 35: the proxy's routing over several replicas ---
+    proxy_routing: ProxyRouting = "affinity"
+    proxy_affinity_slack: int = 4
+    proxy_down_s: float = 5.0
+    # --- end issue 35 ---
     # --- issue 14B: the shared Redis tier ---
     redis_url: str | None = None
     redis_password_env: str = "VLMCACHE_REDIS_PASSWORD"

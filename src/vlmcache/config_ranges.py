@@ -132,6 +132,8 @@ RANGES: dict[str, Range] = {
     "remote_image_timeout_s": _POSITIVE_S,
     "max_image_pixels": _COUNT,
     "max_images_per_request": _COUNT,
+    "proxy_affinity_slack": Range(0, note="0: any extra in-flight request moves it"),
+    "proxy_down_s": Range(0, is_float=True, note="seconds; 0: never passed over"),
     "max_video_frames": Range(1, note="a positive count"),
     "max_video_pixels": _COUNT,
     "max_video_duration_s": _POSITIVE_S,

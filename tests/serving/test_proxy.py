@@ -14,7 +14,7 @@ import uvicorn
 from prometheus_client import CollectorRegistry
 
 sys.path.insert(0, str(Path(__file__).parent))
-from fakes import FakeEngineApp, chat, image  # noqa: E402
+from fakes import FakeEngineApp, chat, data_url, image  # noqa: E402
 
 from vlmcache.testing.server import free_port  # noqa: E402
 from vlmcache.config import VlmCacheConfig  # noqa: E402
@@ -50,7 +50,7 @@ def test_proxy_spreads_requests_and_runs_the_front(tmp_path, upstreams):
     front = CascadeFront.for_model(str(tmp_path / "m"), VlmCacheConfig(
         store_path=str(tmp_path / "s"), model_revision="t"),
         metrics=FrontMetrics.create(CollectorRegistry()))
-    app = build_proxy_app(front, urls)
+    app = build_proxy_app(front, urls, routing="round_robin")
 
     async def go():
         transport = httpx.ASGITransport(app=app)
@@ -90,3 +90,75 @@ def test_proxy_answers_502_when_no_upstream_answers(tmp_path):
 
     r = asyncio.run(go())
     assert r.status_code == 502
+
+
+def _front(tmp_path, **config):
+    (tmp_path / "m").mkdir(exist_ok=True)
+    return CascadeFront.for_model(str(tmp_path / "m"), VlmCacheConfig(
+        store_path=str(tmp_path / "s"), model_revision="t", **config), metrics=None)
+
+
+def _jpeg(question, im, tenant):
+    body = chat(question, tenant=tenant)
+    body["messages"][0]["content"].insert(0, {"type": "image_url", "image_url": {
+        "url": data_url(im, "JPEG", quality=90)}})
+    return body
+
+
+def test_affinity_sends_a_canonicalized_jpeg_to_the_replica_of_its_original(tmp_path,
+                                                                           upstreams):
+    urls, engines = upstreams
+    front = _front(tmp_path, enable_image_embedding=True, response_after_canonical=False)
+    assert front.config.proxy_routing == "affinity"  # the default
+    app = build_proxy_app(front, urls)
+    images = [image(k, size=64) for k in range(1, 7)]
+
+    async def go():
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://proxy") as c:
+            for im in images:
+                assert (await c.post("/v1/chat/completions",
+                                     json=chat("Q?", im, tenant="A"))).status_code == 200
+            for im in images:  # re-encoded, another question: canonicalized to the PNG
+                r = await c.post("/v1/chat/completions", json=_jpeg("Other?", im, "A"))
+                assert r.json()["vlmcache"]["statuses"]["embedding:vision"] == "hit"
+            return (await c.get("/vlmcache/routing")).json()
+
+    stats = asyncio.run(go())
+    where = {}
+    for n, engine in enumerate(engines):
+        for b in engine.bodies:
+            where.setdefault(b["messages"][0]["content"][0]["uuid"], set()).add(n)
+    assert len(where) == len(images)  # one canonical identity per image
+    assert all(len(replicas) == 1 for replicas in where.values()), where
+    assert all(len(e.bodies) > 0 for e in engines)  # the images spread over both
+    assert stats["policy"] == "affinity" and sum(stats["chosen"]) == 12
+    assert stats["fallbacks"] == 0 and stats["inflight"] == [0, 0]
+
+
+def test_affinity_falls_back_when_the_preferred_upstream_is_down(tmp_path, upstreams):
+    urls, engines = upstreams
+    dead = f"http://127.0.0.1:{free_port()}"
+    app = build_proxy_app(_front(tmp_path), [dead, *urls], routing="affinity")
+
+    async def go():
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://proxy") as c:
+            codes = [(await c.post("/v1/chat/completions", json=chat(f"Q{k}?", image(k),
+                                                                      tenant="A"))).status_code
+                     for k in range(8)]
+            return codes, (await c.get("/vlmcache/routing")).json()
+
+    codes, stats = asyncio.run(go())
+    assert codes == [200] * 8 and sum(len(e.bodies) for e in engines) == 8
+    assert stats["chosen"][0] >= 1 and stats["fallbacks"] >= 1  # tried once, then skipped
+
+
+def test_the_routing_flag_is_validated(tmp_path, capsys):
+    from vlmcache.cli import main
+
+    assert main(["proxy", str(tmp_path), "--upstream", "http://x", "--routing", "random"]) == 2
+    err = capsys.readouterr().err
+    assert "routing" in err and "affinity, round_robin" in err and "'random'" in err
+    with pytest.raises(Exception, match="proxy_routing: must be one of"):
+        VlmCacheConfig(proxy_routing="random")

@@ -1,40 +1,55 @@
 """``vlmcache proxy``: the same front, as a standalone server before vLLM servers.
 
-    vlmcache proxy MODEL_DIR --upstream http://127.0.0.1:8000 [--upstream URL2] --port 8080
+    vlmcache proxy MODEL_DIR --upstream http://127.0.0.1:8000 [--upstream URL2] --port 8080 \
+        [--routing affinity|round_robin]
 
-:class:`UpstreamApp` forwards each request to one upstream (round robin, streaming the
-answer through); :class:`~vlmcache.serving.asgi.VlmCacheMiddleware` wraps it exactly as it
-wraps vLLM's own app, and ``/metrics`` serves the front's Prometheus registry. The
+:class:`UpstreamApp` forwards each request to one upstream, streaming the answer through;
+which one is :class:`~vlmcache.serving.routing.Router`'s choice: by cache affinity on the
+canonicalized body (default; with fallback to a less loaded or live upstream) or round
+robin. :class:`~vlmcache.serving.asgi.VlmCacheMiddleware` wraps it exactly as it wraps
+vLLM's own app, ``/metrics`` serves the front's Prometheus registry and
+``/vlmcache/routing`` the router's counts (requests per upstream, in flight, fallbacks). The
 upstreams must run with vlmcache's engine wiring (``vlmcache serve`` or the connectors'
 ``--kv-transfer-config``) for the KV and encoder tiers; the front's tiers work either way.
 """
 
 from __future__ import annotations
 
-import itertools
+import json
 import logging
 from typing import Any, Sequence
 
 import httpx
+import anyio
 from prometheus_client import REGISTRY, make_asgi_app
 
 from vlmcache.serving.asgi import Receive, Scope, Send, VlmCacheMiddleware
 from vlmcache.serving.front import CascadeFront
+from vlmcache.serving.routing import Router, routing_key
 
 logger = logging.getLogger(__name__)
 
 _HOP_HEADERS = {b"host", b"content-length", b"connection", b"transfer-encoding",
                 b"keep-alive", b"upgrade"}
+_INLINE_PARSE_BYTES = 256 * 1024  # larger bodies are parsed for their key off the loop
+_RETRIED = (httpx.ConnectError, httpx.ConnectTimeout)  # the request never reached it
+ROUTING_PATH = "/vlmcache/routing"
 
 
 class UpstreamApp:
-    """ASGI app that forwards every HTTP request to one of ``upstreams``."""
+    """ASGI app that forwards every HTTP request to one of ``upstreams``, chosen by a
+    :class:`Router` (``routing``: ``"affinity"`` or ``"round_robin"``).
 
-    def __init__(self, upstreams: Sequence[str], timeout_s: float = 600.0) -> None:
+    Under affinity, an upstream that refuses the connection is marked down and the request
+    goes to the next choice (it never reached the first); round robin keeps its plain
+    behaviour (a refused connection is a 502)."""
+
+    def __init__(self, upstreams: Sequence[str], timeout_s: float = 600.0,
+                 routing: str = "round_robin", slack: int = 4, down_s: float = 5.0) -> None:
         if not upstreams:
             raise ValueError("at least one upstream URL is needed")
         self.upstreams = [u.rstrip("/") for u in upstreams]
-        self._next = itertools.cycle(range(len(self.upstreams)))
+        self.router = Router(self.upstreams, routing, slack=slack, down_s=down_s)
         self._client = httpx.AsyncClient(timeout=timeout_s, limits=httpx.Limits(
             max_connections=512, max_keepalive_connections=128))
 
@@ -45,18 +60,30 @@ class UpstreamApp:
         if scope["type"] != "http":
             return
         body = await _body(receive)
-        url = self.upstreams[next(self._next)] + scope["path"]
-        if scope.get("query_string"):
-            url += "?" + scope["query_string"].decode("latin-1")
+        key = await self._key(body)
         headers = [(k, v) for k, v in scope.get("headers", []) if k.lower() not in _HOP_HEADERS]
-        request = self._client.build_request(scope["method"], url, headers=headers,
-                                             content=body)
-        try:
-            resp = await self._client.send(request, stream=True)
-        except httpx.HTTPError as exc:
-            logger.warning("proxy: upstream %s failed: %s", url, exc)
-            await _bad_gateway(send, f"upstream unavailable: {type(exc).__name__}")
-            return
+        tried: list[int] = []
+        while True:
+            index = self.router.choose(key, exclude=tried)
+            tried.append(index)
+            url = self.upstreams[index] + scope["path"]
+            if scope.get("query_string"):
+                url += "?" + scope["query_string"].decode("latin-1")
+            request = self._client.build_request(scope["method"], url, headers=headers,
+                                                 content=body)
+            self.router.started(index)
+            try:
+                resp = await self._client.send(request, stream=True)
+            except httpx.HTTPError as exc:
+                self.router.finished(index)
+                logger.warning("proxy: upstream %s failed: %s", url, exc)
+                if self.router.policy == "affinity" and isinstance(exc, _RETRIED):
+                    self.router.failed(index)
+                    if len(tried) < len(self.upstreams):
+                        continue
+                await _bad_gateway(send, f"upstream unavailable: {type(exc).__name__}")
+                return
+            break
         try:
             await send({"type": "http.response.start", "status": resp.status_code,
                         "headers": [(k, v) for k, v in resp.headers.raw
@@ -65,29 +92,54 @@ class UpstreamApp:
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
             await send({"type": "http.response.body", "body": b"", "more_body": False})
         finally:
+            self.router.finished(index)
             await resp.aclose()
+
+    async def _key(self, body: bytes) -> str | None:
+        """The body's affinity key (round robin needs none)."""
+        if self.router.policy != "affinity" or not body:
+            return None
+        if len(body) <= _INLINE_PARSE_BYTES:
+            return routing_key(body)
+        return await anyio.to_thread.run_sync(routing_key, body)
 
     async def aclose(self) -> None:
         await self._client.aclose()
 
 
 class MetricsRoute:
-    """Serves ``/metrics`` from prometheus-client's registry; the rest goes to ``app``."""
+    """Serves ``/metrics`` from prometheus-client's registry and ``/vlmcache/routing``
+    from ``router`` (when given); the rest goes to ``app``."""
 
-    def __init__(self, app: Any) -> None:
+    def __init__(self, app: Any, router: Router | None = None) -> None:
         self.app = app
+        self.router = router
         self.metrics = make_asgi_app(registry=REGISTRY)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope.get("path", "").rstrip("/") == "/metrics":
+        path = scope.get("path", "").rstrip("/") if scope["type"] == "http" else ""
+        if path == "/metrics":
             await self.metrics(scope, receive, send)
+            return
+        if path == ROUTING_PATH and self.router is not None:
+            raw = json.dumps(self.router.stats()).encode()
+            await send({"type": "http.response.start", "status": 200,
+                        "headers": [(b"content-type", b"application/json")]})
+            await send({"type": "http.response.body", "body": raw})
             return
         await self.app(scope, receive, send)
 
 
-def build_proxy_app(front: CascadeFront, upstreams: Sequence[str]) -> Any:
-    """The proxy's ASGI app: metrics, then the front, then the upstreams."""
-    return MetricsRoute(VlmCacheMiddleware(UpstreamApp(upstreams), front=front))
+def build_proxy_app(front: CascadeFront, upstreams: Sequence[str],
+                    routing: str | None = None) -> Any:
+    """The proxy's ASGI app: metrics, then the front, then the upstreams.
+
+    ``routing``: ``"affinity"`` or ``"round_robin"``; ``None`` takes the config's
+    ``proxy_routing`` (with its ``proxy_affinity_slack`` and ``proxy_down_s``)."""
+    config = front.config
+    upstream = UpstreamApp(upstreams, routing=routing or config.proxy_routing,
+                           slack=config.proxy_affinity_slack, down_s=config.proxy_down_s)
+    return MetricsRoute(VlmCacheMiddleware(upstream, front=front), upstream.router)
 
 
 async def _body(receive: Receive) -> bytes:
