@@ -72,7 +72,10 @@ def _on_line(row: dict[str, Any], line: str, t0: float) -> None:
     if isinstance(chunk.get("usage"), dict):
         row["tokens"] = int(chunk["usage"].get("completion_tokens") or 0)
     if isinstance(chunk.get("vlmcache"), dict):
-        row["tier"] = chunk["vlmcache"].get("hit_tier") or "miss"
+        report = chunk["vlmcache"]
+        row["tier"] = report.get("hit_tier") or "miss"
+        for key in ("prompt_tokens", "tokens_loaded", "tokens_from_prefix_cache"):
+            row[key] = int(report.get(key) or 0)  # where the engine's prompt tokens came from
 
 
 def first_token_mark(chunk: dict[str, Any]) -> str | None:

@@ -28,8 +28,10 @@ class ServerProcess:
     """``vlmcache serve MODEL`` in a subprocess on a free loopback port (its own group)."""
 
     def __init__(self, model: Path, config: dict[str, object], log_path: Path,
-                 vllm_args: Sequence[str] = ()) -> None:
+                 vllm_args: Sequence[str] = (), env: dict[str, str] | None = None) -> None:
+        """``env``: more environment for the server (e.g. ``CUDA_VISIBLE_DEVICES``)."""
         self.port = free_port()
+        self.env = dict(env or {})
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = log_path
         config = dict(config)
@@ -44,7 +46,7 @@ class ServerProcess:
 
     def start(self) -> "ServerProcess":
         env = {**os.environ, **self.salt_env, "VLLM_CPU_KVCACHE_SPACE": os.environ.get(
-            "VLLM_CPU_KVCACHE_SPACE", "1")}
+            "VLLM_CPU_KVCACHE_SPACE", "1"), **self.env}
         log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT, env=env,
                                      start_new_session=True)
