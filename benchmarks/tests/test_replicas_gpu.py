@@ -59,4 +59,29 @@ def test_smoke_and_gpu_defaults():
     smoke = parse_args(["--smoke"])
     assert smoke.rate == 0.5 and smoke.max_model_len == 1024 and smoke.geometry is None
     gpu = parse_args(["--geometry", "g", "--gpus", "0,1", "--rate", "20"])
-    assert gpu.rate == 20 and gpu.phase_s == 40 and gpu.gpu_memory_utilization == 0.8
+    assert gpu.rate == 20 and gpu.phase_s == 30 and gpu.gpu_memory_utilization == 0.8
+
+
+def test_tp_restart_judges_full_loads_and_the_other_namespace():
+    from vlmcache_lab.tp_restart import loadable, parse_args, phase_summary
+    from vlmcache_lab.tp_restart import verdict as tp_verdict
+
+    assert loadable(680, 16) == 672 and loadable(673, 16) == 672 and loadable(0, 16) == 0
+
+    def r(loaded, prompt=680, saved=0):
+        return {"prompt_tokens": prompt, "tokens_loaded": loaded,
+                "tokens_from_prefix_cache": 0, "blocks_saved": saved}
+
+    first = phase_summary([r(0, saved=42), r(0, saved=42)], 16)
+    assert first["tokens_stored"] == 2 * 42 * 16 and not first["all_loaded_in_full"]
+    again = phase_summary([r(672), r(672)], 16)
+    partial = phase_summary([r(672), r(640)], 16)
+    other = phase_summary([r(0), r(0)], 16)
+    assert again["all_loaded_in_full"] and not partial["all_loaded_in_full"]
+    v = tp_verdict({"first": first, "restart": again, "other_tp": other})
+    assert v == {"restart_loads_in_full": True, "other_tp_loads_zero": True,
+                 "first_stored_tokens": 1344}
+    failed = phase_summary([{"k": -1, "error": "x"}], 16)
+    assert not tp_verdict({"first": first, "restart": failed, "other_tp": failed})[
+        "other_tp_loads_zero"]
+    assert parse_args(["--smoke"]).tp == 1 and parse_args(["--geometry", "g"]).tp == 2

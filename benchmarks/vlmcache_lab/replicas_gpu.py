@@ -307,9 +307,9 @@ def parse_args(argv: Sequence[str] | None) -> Any:
                    help="one Redis (auto: when redis-server is on PATH) or one store_path")
     p.add_argument("--redis-maxmemory", default="24gb")
     p.add_argument("--redis-kv-budget", default="16GiB")
-    p.add_argument("--rate", type=float, default=None, help="arrivals/s (GPU 16, smoke 0.5)")
+    p.add_argument("--rate", type=float, default=None, help="arrivals/s (GPU 40, smoke 0.5)")
     p.add_argument("--phase-s", type=float, default=None, help="arrival window per arm "
-                   "(GPU 40, smoke 16)")
+                   "(GPU 30, smoke 16)")
     p.add_argument("--drain-s", type=float, default=None)
     p.add_argument("--pause-s", type=float, default=3.0)
     p.add_argument("--seed", type=int, default=0)
@@ -327,7 +327,7 @@ def parse_args(argv: Sequence[str] | None) -> Any:
     args = p.parse_args(argv)
     smoke = {"rate": 0.5, "phase_s": 16.0, "drain_s": 120.0, "max_model_len": 1024,
              "max_num_seqs": 8}
-    gpu = {"rate": 16.0, "phase_s": 40.0, "drain_s": 45.0, "max_model_len": 4096,
+    gpu = {"rate": 40.0, "phase_s": 30.0, "drain_s": 45.0, "max_model_len": 4096,
            "max_num_seqs": 256}
     for key, value in (smoke if args.smoke else gpu).items():
         if getattr(args, key) is None:
