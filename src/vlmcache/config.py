@@ -128,9 +128,10 @@ class VlmCacheConfig:
             (default: the upstream that rendezvous hashing picks for the tenant's canonical
             media identities, else prompt prefix, so that the replica whose prefix and
             encoder caches hold that image serves it) or ``round_robin``.
-        proxy_affinity_slack: under affinity, the preferred upstream is passed over (for
-            the next in the key's order, then the least loaded) while it has more than this
-            many requests in flight above the least loaded upstream.
+        proxy_affinity_slack, proxy_affinity_factor: under affinity, the preferred upstream
+            is passed over (for the next in the key's order, then the least loaded) while it
+            has more than ``factor * least + slack`` requests in flight, ``least`` being the
+            least loaded live upstream's count.
         proxy_down_s: under affinity, how long an upstream that refused a connection is
             passed over.
         max_images_per_request: most images one request may carry.
@@ -270,7 +271,8 @@ class VlmCacheConfig:
     # --- end issue 12 ---
     # --- issue 35: the proxy's routing over several replicas ---
     proxy_routing: ProxyRouting = "affinity"
-    proxy_affinity_slack: int = 4
+    proxy_affinity_slack: int = 8
+    proxy_affinity_factor: float = 2.0
     proxy_down_s: float = 5.0
     # --- end issue 35 ---
     # --- issue 14B: the shared Redis tier ---

@@ -133,6 +133,7 @@ RANGES: dict[str, Range] = {
     "max_image_pixels": _COUNT,
     "max_images_per_request": _COUNT,
     "proxy_affinity_slack": Range(0, note="0: any extra in-flight request moves it"),
+    "proxy_affinity_factor": Range(1, is_float=True, note="1: no share above the least"),
     "proxy_down_s": Range(0, is_float=True, note="seconds; 0: never passed over"),
     "max_video_frames": Range(1, note="a positive count"),
     "max_video_pixels": _COUNT,

@@ -58,15 +58,19 @@ def test_the_same_key_goes_to_the_same_upstream_and_keys_spread():
 
 
 def test_an_overloaded_preferred_upstream_is_passed_over_then_taken_back():
-    router = Router(URLS, slack=2)
+    router = Router(URLS, slack=2, factor=2.0)
     key = routing_key(body("vlmc-hot"))
     pref = router.preferred(key)
-    for _ in range(3):  # 3 in flight on it, 0 elsewhere: above the slack of 2
+    for _ in range(3):  # 3 in flight on it, 0 elsewhere: above 2 * 0 + 2
         router.started(pref)
     moved = router.choose(key)
     assert moved != pref and router.fallbacks == 1
     assert router.choose(key) == moved  # the key's second choice, stable
-    router.finished(pref)  # 2 in flight: within the slack again
+    router.finished(pref)  # 2 in flight: within the bound again
+    assert router.choose(key) == pref
+    for i in range(3):  # 2 more everywhere: the bound is 2 * 2 + 2 = 6 for its 4
+        router.started(i)
+        router.started(i)
     assert router.choose(key) == pref
 
 
@@ -107,3 +111,5 @@ def test_policies_are_validated_by_name():
         Router(URLS, policy="random")
     with pytest.raises(ValueError, match="at least one upstream"):
         Router([])
+    with pytest.raises(ValueError, match="factor >= 1"):
+        Router(URLS, factor=0.5)

@@ -45,11 +45,13 @@ class UpstreamApp:
     behaviour (a refused connection is a 502)."""
 
     def __init__(self, upstreams: Sequence[str], timeout_s: float = 600.0,
-                 routing: str = "round_robin", slack: int = 4, down_s: float = 5.0) -> None:
+                 routing: str = "round_robin", slack: int = 8, factor: float = 2.0,
+                 down_s: float = 5.0) -> None:
         if not upstreams:
             raise ValueError("at least one upstream URL is needed")
         self.upstreams = [u.rstrip("/") for u in upstreams]
-        self.router = Router(self.upstreams, routing, slack=slack, down_s=down_s)
+        self.router = Router(self.upstreams, routing, slack=slack, factor=factor,
+                             down_s=down_s)
         self._client = httpx.AsyncClient(timeout=timeout_s, limits=httpx.Limits(
             max_connections=512, max_keepalive_connections=128))
 
@@ -135,10 +137,12 @@ def build_proxy_app(front: CascadeFront, upstreams: Sequence[str],
     """The proxy's ASGI app: metrics, then the front, then the upstreams.
 
     ``routing``: ``"affinity"`` or ``"round_robin"``; ``None`` takes the config's
-    ``proxy_routing`` (with its ``proxy_affinity_slack`` and ``proxy_down_s``)."""
+    ``proxy_routing``; the fallback bounds are the config's (``proxy_affinity_*``,
+    ``proxy_down_s``)."""
     config = front.config
     upstream = UpstreamApp(upstreams, routing=routing or config.proxy_routing,
-                           slack=config.proxy_affinity_slack, down_s=config.proxy_down_s)
+                           slack=config.proxy_affinity_slack,
+                           factor=config.proxy_affinity_factor, down_s=config.proxy_down_s)
     return MetricsRoute(VlmCacheMiddleware(upstream, front=front), upstream.router)
 
 

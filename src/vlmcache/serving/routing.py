@@ -9,9 +9,11 @@ prompt-layer hit carries the cached request's text, and the tenant becomes vLLM'
 equal keys to the same upstream (rendezvous hashing over the healthy upstreams), where
 vLLM's prefix and encoder caches already hold that image's KV.
 
-Fallback: an upstream whose in-flight count is more than ``slack`` above the least loaded
-one's is passed over for the next one in the key's rendezvous order (then the least
-loaded), and an upstream that refused a connection is skipped for ``down_s`` seconds.
+Fallback: an upstream with more than ``factor * least + slack`` requests in flight (``least``:
+the least loaded live upstream's count) is passed over for the next one in the key's
+rendezvous order (then the least loaded), and an upstream that refused a connection is
+skipped for ``down_s`` seconds. The bound is loose on purpose: vLLM batches a few more
+requests at little cost, while a prefix-cache miss recomputes the whole image.
 
 Tenancy: the key hashes the tenant's ``cache_salt`` with the tenant-scoped media
 identities, so two tenants' equal images get independent upstreams; what one tenant can
@@ -114,15 +116,18 @@ class Router:
     refuses a connection.
     """
 
-    def __init__(self, upstreams: Sequence[str], policy: str = "affinity", slack: int = 4,
-                 down_s: float = 5.0, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, upstreams: Sequence[str], policy: str = "affinity", slack: int = 8,
+                 factor: float = 2.0, down_s: float = 5.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         if not upstreams:
             raise ValueError("at least one upstream URL is needed")
-        if slack < 0 or down_s < 0:
-            raise ValueError(f"slack and down_s must be >= 0, got {slack}, {down_s}")
+        if slack < 0 or down_s < 0 or factor < 1:
+            raise ValueError(f"need slack >= 0, factor >= 1, down_s >= 0; got {slack}, "
+                             f"{factor}, {down_s}")
         self.upstreams = list(upstreams)
         self.policy = check_policy(policy)
         self.slack = slack
+        self.factor = factor
         self.down_s = down_s
         self.inflight = [0] * len(self.upstreams)
         self.chosen = [0] * len(self.upstreams)
@@ -152,8 +157,9 @@ class Router:
         if key is None:
             return min(live, key=lambda i: (self.inflight[i], i))
         ranked = sorted(live, key=lambda i: self._score(key, i), reverse=True)
+        bound = self.factor * least + self.slack
         for i in ranked:
-            if self.inflight[i] <= least + self.slack:
+            if self.inflight[i] <= bound:
                 if i != self.preferred(key):
                     self.fallbacks += 1
                 return i
