@@ -12,6 +12,10 @@
 # Jobs given together run one after the other. SHAPE: a folder of benchmarks/geometries
 # (default llava7b); ARGS / TP_ARGS: more replicas_gpu.py / tp_restart.py arguments.
 set -uo pipefail
+# NVLink multicast stays off (the lent machines' rule; kept even if the image sets them),
+# and vLLM's symmetric-memory all-reduce (TP=2) with it
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 \
+  VLLM_ALLREDUCE_USE_SYMM_MEM=0
 code=/root/multi-code out=/root/multi-out
 case "${1:-}" in
   start)
