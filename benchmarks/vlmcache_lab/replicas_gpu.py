@@ -241,7 +241,8 @@ def run(args: Any, argv: Sequence[str]) -> dict[str, Any]:
                                         {**front, "store_path": str(work / f"proxy-{arm}")},
                                         work / f"proxy-{arm}.log")
         start_all(list(proxies.values()))
-        warm_up({f"u{n}": u for n, u in enumerate(ups)}, model, args.seed)
+        # first-request costs (engines, then each proxy's front) out of the measured arms
+        warm_up({**{f"u{n}": u for n, u in enumerate(ups)}, **proxies}, model, args.seed)
         arms, trace = run_arms(args, model, proxies)
     finally:
         for p in proxies.values():
