@@ -268,6 +268,7 @@ def run(args: Any, argv: Sequence[str]) -> dict[str, Any]:
             "reused_definition": "a front tier hit, KV-tier tokens loaded, or vLLM prefix-cache "
                                  f"tokens >= {REUSED_SHARE} of the prompt (vlmcache_lab."
                                  "replicas_gpu.reuse_source)",
+            "routing_note": "each arm's `routing` counts include its 4 warm-up requests",
             "arms": arms, "verdict": verdict(arms)}
 
 
