@@ -3,7 +3,7 @@ a TP=1 engine on the same store (another namespace: it must load none of them).
 
 Three ``vlmcache serve`` servers, one after the other, on one store (``kv_cost_model`` off,
 so that every row the store holds is loaded; ``disk_write: sync``, so that a stop loses
-none):
+none; ``admission_memory: always``, so that a prompt seen once is stored):
 
 1. ``first``: TP=``--tp`` (2 on the lent 2-GPU machine), ``--n`` image prompts, each once
    (misses: their KV is stored);
@@ -108,7 +108,7 @@ def run(args: Any, argv: Sequence[str]) -> dict[str, Any]:
     block = args.block_size
     config: dict[str, object] = {
         "store_path": str(work / "store"), "block_size": block, "kv_cost_model": False,
-        "disk_write": "sync", "enable_response_cache": False, "log_requests": False,
+        "disk_write": "sync", "admission_memory": "always", "enable_response_cache": False, "log_requests": False,
         "tenant_salt": "tp-bench-salt"}
     if not args.smoke:
         config.update(model_revision="dummy-weights", disk_budget="32GiB")
