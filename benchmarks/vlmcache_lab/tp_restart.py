@@ -108,8 +108,8 @@ def run(args: Any, argv: Sequence[str]) -> dict[str, Any]:
     block = args.block_size
     config: dict[str, object] = {
         "store_path": str(work / "store"), "block_size": block, "kv_cost_model": False,
-        "disk_write": "sync", "admission_memory": "always", "enable_response_cache": False, "log_requests": False,
-        "tenant_salt": "tp-bench-salt"}
+        "disk_write": "sync", "admission_memory": "always", "enable_response_cache": False,
+        "log_requests": False, "tenant_salt": "tp-bench-salt"}
     if not args.smoke:
         config.update(model_revision="dummy-weights", disk_budget="32GiB")
     else:
