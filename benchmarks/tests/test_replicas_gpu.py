@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from vlmcache_lab.replicas_gpu import (ARMS, arm_trace, parse_args, reuse_source,
-                                       reuse_summary, verdict)
+                                       reuse_summary, routing_delta, verdict)
 from vlmcache_lab.serve_gpu_trace import build_trace
 
 
@@ -85,3 +85,10 @@ def test_tp_restart_judges_full_loads_and_the_other_namespace():
     assert not tp_verdict({"first": first, "restart": failed, "other_tp": failed})[
         "other_tp_loads_zero"]
     assert parse_args(["--smoke"]).tp == 1 and parse_args(["--geometry", "g"]).tp == 2
+
+
+def test_routing_counts_are_per_arm():
+    before = {"policy": "affinity", "chosen": [4, 0], "inflight": [0, 0], "fallbacks": 1}
+    after = {"policy": "affinity", "chosen": [10, 7], "inflight": [0, 0], "fallbacks": 3}
+    assert routing_delta(before, after) == {"policy": "affinity", "chosen": [6, 7],
+                                            "inflight": [0, 0], "fallbacks": 2}

@@ -108,6 +108,12 @@ def verdict(arms: Sequence[dict[str, Any]]) -> dict[str, Any]:
             "ttft_p99_ms": {k: by[k]["load"]["ttft_p99_ms"] for k in by}}
 
 
+def routing_delta(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
+    """The router's counts over one arm (``after`` less ``before``: no warm-up)."""
+    return {**after, "chosen": [a - b for a, b in zip(after["chosen"], before["chosen"])],
+            "fallbacks": after["fallbacks"] - before["fallbacks"]}
+
+
 class ProxyProcess:
     """``vlmcache proxy`` in a subprocess on a free loopback port (its own group)."""
 
@@ -245,7 +251,6 @@ def run(args: Any, argv: Sequence[str]) -> dict[str, Any]:
             "reused_definition": "a front tier hit, KV-tier tokens loaded, or vLLM prefix-cache "
                                  f"tokens >= {REUSED_SHARE} of the prompt (vlmcache_lab."
                                  "replicas_gpu.reuse_source)",
-            "routing_note": "each arm's `routing` counts include its 4 warm-up requests",
             "arms": arms, "verdict": verdict(arms)}
 
 
@@ -260,10 +265,12 @@ def run_arms(args: Any, model: str, proxies: dict[str, ProxyProcess]
     for arm in ARMS:
         reqs = arm_trace(trace, arm)
         bodies = [r.body(model, args.seed) for r in reqs]
+        before = proxies[arm].routing()
         rows, wall = asyncio.run(run_phase(proxies[arm].url, bodies, [r.kind for r in reqs],
                                            offsets, args.drain_s))
         entry = {"arm": arm, "upstreams": 1 if arm == "single" else 2,
-                 "routing": proxies[arm].routing(), "load": summarize(rows, wall, slo),
+                 "routing": routing_delta(before, proxies[arm].routing()),
+                 "load": summarize(rows, wall, slo),
                  "reuse": reuse_summary(rows)}
         out.append(entry)
         log.warning("arm %s: %s", arm, json.dumps({
