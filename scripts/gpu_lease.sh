@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# One 2-GPU lease for issues 34 and 35, in three device calls after staging (vLLM 0.26 in
+# /root/site from .gpu/q*, MiniLM in /root/emb-site from .gpu/emb*, .gpu/redis.tgz carried):
+#   bash scripts/gpu_lease.sh tp2        # TP=2 restart (both GPUs); then starts the pair below
+#   bash scripts/gpu_lease.sh pair       # waits: video bench on GPU 0 beside the serving load
+#                                        # bench on GPU 1; then starts the replicas bench
+#   bash scripts/gpu_lease.sh replicas   # waits for the replicas bench
+# Each step waits at most WAIT_S (default 540) and leaves at most 8 files in $OUT (logs in
+# one tarball). VIDEO_ARGS / SERVE_ARGS / SERVE_SHAPES / REPLICAS_ARGS override the runs.
+set -uo pipefail
+export PYTHONPATH=/root/site
+wait_s=${WAIT_S:-540}
+video_args=${VIDEO_ARGS:-"--model benchmarks/geometries/qwen2vl7b --dummy-weights \
+  --shape qwen2vl7b-h200 --frames 60 --clips 6 --stream-requests 8 --image-frames 0 \
+  --max-model-len 16384 --max-num-batched-tokens 16384 --gpu-memory-utilization 0.85"}
+serve_args=${SERVE_ARGS:-"--phase-s 10 --drain-s 8 --pause-s 2 --ours-layout proxy \
+  --budget-s 265"}
+serve_shapes=${SERVE_SHAPES:-"qwen2vl7b:6,10,14,18,24 llava7b:24,36,48,60,72"}
+
+pack_logs() {  # everything but the JSON results into one tarball (the 8-file limit)
+  (cd "${OUT:-/tmp}" && ls | grep -v '\.json$' > /tmp/pack.lst; \
+   [ -s /tmp/pack.lst ] && tar czf "logs-$1.tgz" -T /tmp/pack.lst && xargs rm -f < /tmp/pack.lst)
+  ls -la "${OUT:-/tmp}"
+}
+
+start_pair() {
+  # shellcheck disable=SC2086
+  CUDA_VISIBLE_DEVICES=0 bash scripts/gpu_video.sh start $video_args
+  # shellcheck disable=SC2086
+  CUDA_VISIBLE_DEVICES=1 ARGS="$serve_args" bash scripts/gpu_serve.sh start $serve_shapes
+}
+
+case "${1:-}" in
+  tp2)
+    TP_ARGS=${TP_ARGS:-"--n 6"} bash scripts/gpu_replicas.sh start tp2
+    bash scripts/gpu_replicas.sh wait "$wait_s"
+    pack_logs tp2
+    start_pair
+    ;;
+  pair)
+    started=$SECONDS
+    bash scripts/gpu_video.sh wait "$wait_s"
+    bash scripts/gpu_serve.sh wait $((wait_s - (SECONDS - started)))
+    pack_logs pair
+    ARGS=${REPLICAS_ARGS:-} bash scripts/gpu_replicas.sh start replicas
+    ;;
+  replicas)
+    bash scripts/gpu_replicas.sh wait "$wait_s"
+    pack_logs replicas
+    ;;
+  *) echo "usage: $0 tp2 | pair | replicas"; exit 2 ;;
+esac
