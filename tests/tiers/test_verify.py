@@ -254,3 +254,28 @@ def test_a_detailed_photograph_shifted_by_a_subpixel_passes():
         for _ in range(3):
             moved = shift(view, None, rng, "q").image
             assert _distance(moved, view) <= THRESHOLD
+
+
+def test_a_black_shape_is_not_a_grey_one_of_another_size_and_place():
+    # the fidelity run's last false hits: greyscale (and sepia) copies of two lookalike
+    # triangles ~6 px apart and ~12% apart in size, near-black on pale grey against dark
+    # grey on white; an offset of +40 in the re-exposure lifted one onto the other and
+    # the local term's 3x3 neighbours found every shade on the small shape's edge ramp
+    black = _drawn((230, 230, 230), (42, 42, 42), (39, 51, 50, 61))
+    grey = _drawn((252, 252, 252), (98, 98, 98), (32, 49, 45, 61))
+    assert _distance(grey, black) > THRESHOLD
+    assert _distance(black, grey) > THRESHOLD
+    # its own re-exposed, re-encoded and moved copies still pass
+    darker = Image.fromarray((np.asarray(grey, np.float32) * 0.85).round().astype(np.uint8))
+    moved = _drawn((252, 252, 252), (98, 98, 98), (35, 51, 48, 63))
+    for copy in (darker, _jpeg(grey), moved):
+        assert _distance(copy, grey) <= THRESHOLD
+
+
+def test_the_shade_reads_small_objects_on_a_plain_background_only():
+    from vlmcache.tiers.verify import _shade, thumbnail
+
+    small = thumbnail(_drawn((250, 250, 250), (40, 40, 40), (20, 20, 34, 34)))
+    assert abs(_shade(small) - 40) < 10
+    assert _shade(thumbnail(_drawn((250, 250, 250), (40, 40, 40), (2, 2, 62, 62)))) is None
+    assert _shade(np.full((3, 64, 64), 120, np.float32)) is None

@@ -45,3 +45,28 @@ def test_stacked_thumbnails_equal_the_per_frame_thumbnail():
     one_by_one = np.stack([np.clip(thumbnail(Image.fromarray(f)), 0, 255).round()
                            .astype(np.uint8) for f in frames])
     assert np.array_equal(video_thumbnails(frames), one_by_one)
+
+
+def test_stacked_shade_equals_the_per_pair_reference():
+    # small objects on a plain background (the shade term reads them), against copies
+    # with another shade, another background, noise, and a frame-filling object
+    from PIL import Image, ImageDraw
+
+    from vlmcache.tiers.verify import _shading, thumbnail
+
+    def drawn(background, colour, box):
+        image = Image.new("RGB", (64, 64), background)
+        ImageDraw.Draw(image).polygon([(box[0], box[3]), ((box[0] + box[2]) // 2, box[1]),
+                                       (box[2], box[3])], fill=colour)
+        return thumbnail(image)
+
+    query = np.stack([drawn((252, 252, 252), (98, 98, 98), (32, 49, 45, 61)),
+                      drawn((250, 250, 240), (200, 30, 30), (10, 10, 30, 30)),
+                      drawn((250, 250, 250), (40, 40, 40), (2, 2, 62, 62))])
+    cand = np.stack([drawn((230, 230, 230), (42, 42, 42), (32, 49, 45, 61)),
+                     drawn((250, 250, 240), (200, 30, 30), (10, 10, 30, 30))
+                     + np.random.default_rng(1).normal(0, 3, (3, 64, 64)).astype(np.float32),
+                     drawn((250, 250, 250), (90, 90, 90), (2, 2, 62, 62))])
+    reference = np.array([aligned_distance(q, c) for q, c in zip(query, cand)])
+    assert np.allclose(aligned_distances(query, cand), reference, atol=1e-5)
+    assert _shading(query[0], cand[0]) > 0 and _shading(query[2], cand[2]) == 0.0

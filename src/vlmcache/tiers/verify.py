@@ -9,9 +9,11 @@ small aligned RGB thumbnails:
    and translation (shifts up to ``MAX_SHIFT`` px of 64), coarse to fine on grey images
    (16 px, 32, 64); zoom and translation are one mapping of the source, so a shifted,
    zoomed view shows the source's own pixels from outside the zoomed frame;
-3. fit one brightness gain (at least ``GAIN_MIN``) and offset shared by all channels,
-   on unsaturated values, applied with clipping (re-exposure; it cannot turn red into
-   blue: that needs a per-channel change);
+3. fit one brightness gain (at least ``GAIN_MIN``) shared by all channels, through
+   black (no offset), on unsaturated values, applied with clipping (re-exposure scales
+   light: it cannot turn red into blue, which needs a per-channel change, nor a black
+   shape into a grey one, which needs an offset: with one, up to +40, a near-black
+   triangle on a pale grey background was lifted onto a dark grey one on white);
 4. both go to luma + chroma (YCbCr), the chroma blurred over 3x3 px and weighted
    ``CHROMA_WEIGHT``: JPEG keeps chroma at half resolution and quantizes it coarsely, so
    re-encoding smears and pales the colour of small shapes along their edges, while a
@@ -42,7 +44,15 @@ small aligned RGB thumbnails:
    ``GREY_MAX`` (a muted shape against its greyscale copy differs by ~9-25 chroma
    levels, under the local term's reach; benign edits never remove all colour from a
    picture nor give a grey one more than noise);
-7. an object may not leave the frame: if registration moves more than ``LOST_MAX`` of the
+7. an object keeps its shade: when both thumbnails are small objects on a plain
+   background (foreground, away from the border colour, at most ``SHADE_MAX_SHARE`` of
+   the frame), the distance is at least ``LUMA_WEIGHT`` times the difference of their
+   object cores' mean luma (pixels at least ``SHADE_CORE`` of the largest distance from
+   the border colour). The local term compares each pixel with its best 3x3 neighbour;
+   on a blurred shape ~10 px across every core pixel lies within a pixel of the edge's
+   ramp, which holds every shade, so a darker or lighter shape of that size (a
+   greyscale black triangle against a grey one) passed it at 0.05-0.17;
+8. an object may not leave the frame: if registration moves more than ``LOST_MAX`` of the
    candidate's foreground (pixels away from its border colour) outside the query's frame
    (a shape shifted or zoomed out of view, i.e. removed), the distance is 1.
 
@@ -91,6 +101,12 @@ GAIN_MIN = 0.8
 GREY_MAX = 6.0
 #: Against a colourless thumbnail, the other's colour above ``GREY_MAX`` counts this much.
 DECOLOUR_WEIGHT = 10.0
+#: An object's core: its pixels at least this share of the largest distance from the
+#: border colour (a 3x3-blurred shape of ~10 px is mostly ramp; its core is the plateau).
+SHADE_CORE = 0.8
+#: The shade term reads pictures whose foreground covers at most this share of the frame
+#: (small objects on a plain background; a photograph's "foreground" is most of it).
+SHADE_MAX_SHARE = 0.25
 #: The share of the candidate's foreground that may leave the query's frame.
 LOST_MAX = 0.5
 #: A pixel differing from the image's median border colour by more than this (0-255, any
@@ -276,9 +292,9 @@ def _search(query: np.ndarray, padded: np.ndarray, pad: int, centre: tuple[int, 
 
 
 def _distance(query: np.ndarray, cand: np.ndarray, zoom: float, dx: int, dy: int) -> float:
-    """The largest of the local, cast and tint terms (module docstring) after a shared
-    gain/offset, over the whole query: where the shifted candidate has no pixels its edge
-    repeats, so content that entered the frame counts as a difference (a miss, never a
+    """The largest of the local, cast, tint, recolouring, decolouring and shade terms
+    (module docstring) after a shared gain, over the whole query: where the shifted
+    candidate has no pixels its edge repeats, so content that entered the frame counts as a difference (a miss, never a
     wrong answer; content that left it is :func:`_lost`'s).
 
     Each pixel is compared with the best of the other image's 3x3 neighbours, both ways
@@ -295,12 +311,13 @@ def _distance(query: np.ndarray, cand: np.ndarray, zoom: float, dx: int, dy: int
     tint = float(np.abs(np.median(np.tensordot(_YCC[1:], rest, axes=(1, 0))
                                   .reshape(2, -1), axis=1)).max())
     decolour = _decolouring(query, fitted[:, 1:-1, 1:-1])
+    shading = _shading(query, fitted[:, 1:-1, 1:-1])
     query, fitted = _luma_chroma(query), _luma_chroma(fitted)
     there = np.pad(query, ((0, 0), (1, 1), (1, 1)), mode="edge")
     diff = np.maximum(_nearest(query, fitted), _nearest(fitted[:, 1:-1, 1:-1], there))
     local = float(_box(_inner_ring(diff), _BOX).max())
     return min(1.0, max(local, CAST_WEIGHT * cast, TINT_WEIGHT * tint,
-                        COLOUR_MAP_WEIGHT * recolour, decolour) / 255.0)
+                        COLOUR_MAP_WEIGHT * recolour, decolour, shading) / 255.0)
 
 
 def _inner_ring(diff: np.ndarray) -> np.ndarray:
@@ -350,16 +367,37 @@ def _recolouring(query: np.ndarray, fitted: np.ndarray) -> float:
 
 
 def _exposed(query: np.ndarray, moved: np.ndarray) -> np.ndarray:
-    """``moved`` under the one gain and offset (all channels) that best match ``query``,
-    fitted on unsaturated values (brightening clips at 255) and applied with clipping."""
+    """``moved`` under the one gain (all channels, through black) that best matches
+    ``query``, fitted on unsaturated values (brightening clips at 255) and applied with
+    clipping. No offset: re-exposure scales light and keeps black black, while lifting
+    black turns a black shape grey (module docstring, 3)."""
     q, c = query.reshape(-1), moved[:, 1:-1, 1:-1].reshape(-1)
     keep = (q < 250) & (q > 5)
     q, c = (q[keep], c[keep]) if keep.sum() > 64 else (q, c)
-    var = float(c.var())
-    gain = float(np.clip(((q - q.mean()) * (c - c.mean())).mean() / var, GAIN_MIN, 1.45)) \
-        if var > 1e-6 else 1.0
-    offset = float(np.clip(q.mean() - gain * c.mean(), -40.0, 40.0))
-    return np.clip(gain * moved + offset, 0.0, 255.0)
+    energy = float(np.dot(c, c))
+    gain = float(np.clip(np.dot(q, c) / energy, GAIN_MIN, 1.45)) if energy > 1e-6 else 1.0
+    return np.clip(gain * moved, 0.0, 255.0)
+
+
+def _shade(rgb: np.ndarray) -> float | None:
+    """The mean luma of a picture's object core: the pixels at least ``SHADE_CORE`` of
+    the largest distance (any channel) from the median border colour; ``None`` when the
+    picture is no small object on a plain background (no foreground, or more than
+    ``SHADE_MAX_SHARE`` of the frame)."""
+    border = np.concatenate([rgb[:, 0], rgb[:, -1], rgb[:, :, 0], rgb[:, :, -1]], axis=1)
+    dist = np.abs(rgb - np.median(border, axis=1)[:, None, None]).max(axis=0)
+    share = float((dist > FOREGROUND_LEVEL).mean())
+    if share == 0.0 or share > SHADE_MAX_SHARE:
+        return None
+    core = dist >= SHADE_CORE * dist.max()
+    return float(np.tensordot(_YCC[0], rgb, axes=(0, 0))[core].mean())
+
+
+def _shading(query: np.ndarray, fitted: np.ndarray) -> float:
+    """``LUMA_WEIGHT`` times the difference of the two object cores' shades (levels), 0
+    unless both are small objects on a plain background (module docstring, 7)."""
+    a, b = _shade(query), _shade(fitted)
+    return LUMA_WEIGHT * abs(a - b) if a is not None and b is not None else 0.0
 
 
 def _luma_chroma(rgb: np.ndarray) -> np.ndarray:

@@ -3,8 +3,8 @@
 :func:`~vlmcache.tiers.verify.aligned_distance` compares one pair of thumbnails in about
 3 ms, almost all of it numpy's per-call overhead on 64 x 64 arrays: a 60-frame clip cost
 180 ms to verify. :func:`aligned_distances` computes the same distance (the same terms,
-the same gain/offset fit, the same colour map) for every pair along a leading frame axis
-in one pass. ``tests/tiers/test_verify_batch.py`` holds it equal to the per-pair function,
+the same gain fit, the same colour map and shade) for every pair along a leading frame
+axis in one pass. ``tests/tiers/test_verify_batch.py`` holds it equal to the per-pair function,
 which stays the reference: a change to one must be made to both.
 """
 
@@ -19,9 +19,12 @@ from vlmcache.tiers.verify import (
     CHROMA_WEIGHT,
     COLOUR_MAP_WEIGHT,
     DECOLOUR_WEIGHT,
+    FOREGROUND_LEVEL,
     GAIN_MIN,
     GREY_MAX,
     LUMA_WEIGHT,
+    SHADE_CORE,
+    SHADE_MAX_SHARE,
     SIZE,
     TINT_WEIGHT,
 )
@@ -40,6 +43,7 @@ def aligned_distances(query: np.ndarray, cand: np.ndarray) -> np.ndarray:
     chroma = _YCC[1:] @ rest.reshape(len(q), 3, -1)
     tint = np.abs(np.median(chroma, axis=2)).max(axis=1)
     decolour = _decolouring(q, inner)
+    shading = _shading(q, inner)
     ql, fl = _luma_chroma(q), _luma_chroma(fitted)
     there = np.pad(ql, ((0, 0), (0, 0), (1, 1), (1, 1)), mode="edge")
     diff = np.maximum(_nearest(ql, fl), _nearest(fl[:, :, 1:-1, 1:-1], there))
@@ -47,7 +51,7 @@ def aligned_distances(query: np.ndarray, cand: np.ndarray) -> np.ndarray:
     diff[:, :, 0], diff[:, :, -1] = diff[:, :, 1], diff[:, :, -2]
     local = _box(diff, _BOX).reshape(len(q), -1).max(axis=1)
     worst = np.maximum.reduce([local, CAST_WEIGHT * cast, TINT_WEIGHT * tint,
-                               COLOUR_MAP_WEIGHT * recolour, decolour])
+                               COLOUR_MAP_WEIGHT * recolour, decolour, shading])
     return np.minimum(1.0, worst / 255.0)
 
 
@@ -69,25 +73,41 @@ def _colourfulness(rgb: np.ndarray) -> np.ndarray:
 
 
 def _exposed(query: np.ndarray, moved: np.ndarray) -> np.ndarray:
-    """Per pair: ``moved`` under the one gain and offset that best match ``query``, fitted
-    on unsaturated query values (all of them where fewer than 65 are), clipped."""
+    """Per pair: ``moved`` under the one gain (through black) that best matches ``query``,
+    fitted on unsaturated query values (all of them where fewer than 65 are), clipped."""
     n = len(query)
     q = query.reshape(n, -1)
     c = np.ascontiguousarray(moved[:, :, 1:-1, 1:-1]).reshape(n, -1)
     keep = (q < 250) & (q > 5)
     keep[keep.sum(axis=1) <= 64] = True
-    count = keep.sum(axis=1)
-    qm, cm = (np.where(keep, x, 0).sum(axis=1, dtype=np.float64) / count for x in (q, c))
-    cd = np.where(keep, c - cm[:, None].astype(np.float32), 0)
-    var = np.einsum("tp,tp->t", cd, cd, dtype=np.float64) / count
-    cov = np.einsum("tp,tp->t", q - qm[:, None].astype(np.float32), cd,
-                    dtype=np.float64) / count
-    safe = var > 1e-6
-    gain = np.where(safe, np.clip(cov / np.where(safe, var, 1.0), GAIN_MIN, 1.45), 1.0)
-    offset = np.clip(qm - gain * cm, -40.0, 40.0)
+    ck = np.where(keep, c, 0)
+    energy = np.einsum("tp,tp->t", ck, ck, dtype=np.float64)
+    cross = np.einsum("tp,tp->t", np.where(keep, q, 0), ck, dtype=np.float64)
+    safe = energy > 1e-6
+    gain = np.where(safe, np.clip(cross / np.where(safe, energy, 1.0), GAIN_MIN, 1.45), 1.0)
     out = gain.astype(np.float32)[:, None, None, None] * moved
-    out += offset.astype(np.float32)[:, None, None, None]
     return np.clip(out, 0.0, 255.0, out=out)
+
+
+def _shading(query: np.ndarray, fitted: np.ndarray) -> np.ndarray:
+    """Per pair: :func:`~vlmcache.tiers.verify._shading`."""
+    (a, ok_a), (b, ok_b) = _shade(query), _shade(fitted)
+    return np.where(ok_a & ok_b, LUMA_WEIGHT * np.abs(a - b), 0.0)
+
+
+def _shade(rgb: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per frame: (the object core's mean luma, whether the frame is a small object on
+    a plain background) as :func:`~vlmcache.tiers.verify._shade`."""
+    n = len(rgb)
+    border = np.concatenate([rgb[:, :, 0], rgb[:, :, -1], rgb[:, :, :, 0], rgb[:, :, :, -1]],
+                            axis=2)
+    dist = np.abs(rgb - np.median(border, axis=2)[:, :, None, None]).max(axis=1)
+    share = (dist > FOREGROUND_LEVEL).reshape(n, -1).mean(axis=1)
+    core = dist >= SHADE_CORE * dist.reshape(n, -1).max(axis=1)[:, None, None]
+    luma = (_YCC[0] @ rgb.reshape(n, 3, -1)).reshape(n, SIZE, SIZE)
+    count = np.maximum(core.reshape(n, -1).sum(axis=1), 1)
+    mean = (luma * core).reshape(n, -1).sum(axis=1) / count
+    return mean, (share > 0) & (share <= SHADE_MAX_SHARE)
 
 
 def _recolouring(query: np.ndarray, fitted: np.ndarray) -> np.ndarray:
