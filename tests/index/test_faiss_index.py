@@ -100,3 +100,21 @@ def test_scope_search_with_one_scope_and_monkeypatched_small_limit(monkeypatch):
     assert index.kind == "flat"
     assert index.search_scope(vecs[10], "u", k=1)[0].entry.key == "k10"  # via ID selector
     assert index.search_scope(vecs[11], "t", k=1)[0].entry.key == "k11"
+
+
+def test_one_omp_thread_restores_the_thread_setting_and_keeps_results():
+    """Issue 35: searches run FAISS on the calling thread alone, with the same results,
+    and leave the thread's OpenMP setting as it was."""
+    import faiss
+
+    from vlmcache.index.faiss_index import one_omp_thread
+
+    index, vecs = _filled()
+    before = faiss.omp_get_max_threads()
+    with one_omp_thread(faiss):
+        assert faiss.omp_get_max_threads() == 1
+        inside = [(h.entry.key, h.score) for h in index.search_scope(vecs[3], "a", k=5)]
+    assert faiss.omp_get_max_threads() == before
+    hits = index.search_scope(vecs[3], "a", k=5)
+    assert [(h.entry.key, h.score) for h in hits] == inside
+    assert hits[0].entry.key == "k3"

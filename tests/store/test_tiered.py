@@ -141,3 +141,26 @@ def test_locate_says_which_tier_holds_a_key_and_its_size(tmp_path: Path):
     where = store.locate(key)
     assert where is not None and where[0] == "disk" and where[1] >= 100
     assert store.stats().hits == 0 and store.stats().misses == 0
+
+
+def test_owned_put_writes_the_same_chunk_without_a_copy(tmp_path: Path) -> None:
+    """Issue 35: ``owned`` tensors are kept and written as they are (no torch copy), and
+    the chunk read back is the one a copying put writes."""
+    store, _ = make(tmp_path / "owned", 4, 4)
+    copied, _ = make(tmp_path / "copied", 4, 4)
+    tensors = {"pixels": torch.arange(300, dtype=torch.uint8).reshape(10, 10, 3)}
+    assert store.put(A, tensors, owned=True)
+    assert copied.put(A, {"pixels": tensors["pixels"].clone()})
+    assert store.memory.get(A)["pixels"] is tensors["pixels"]
+    assert torch.equal(store.disk.get(A)["pixels"], copied.disk.get(A)["pixels"])
+    assert (tmp_path / "owned").exists()
+
+
+def test_disk_read_promoted_uncopied(tmp_path: Path) -> None:
+    """A chunk read from disk enters memory as read (a fresh copy already): later memory
+    hits return those very tensors."""
+    store = TieredStore(MemoryStore(100 * 4), DiskStore(tmp_path, 100 * 4))
+    store.disk.put(B, chunk(2.0))
+    got = store.get(B)
+    assert got is not None and torch.equal(got["kv"], chunk(2.0)["kv"])
+    assert store.memory.get(B)["kv"] is got["kv"]

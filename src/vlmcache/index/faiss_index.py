@@ -21,9 +21,10 @@ import hashlib
 import json
 import logging
 import threading
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable, Optional, Sequence
+from typing import Any, Callable, Iterator, Optional, Sequence
 
 import numpy as np
 
@@ -35,6 +36,27 @@ logger = logging.getLogger(__name__)
 FORMAT = "vlmcache-vindex-v1"
 #: Scopes up to this many rows are searched exactly over their own rows.
 SMALL_SCOPE = 2048
+
+
+@contextmanager
+def one_omp_thread(faiss: Any) -> Iterator[None]:
+    """Run FAISS's OpenMP regions on the calling thread alone while inside.
+
+    A search here is one query vector: FAISS's parallel region over queries then wakes
+    every OpenMP worker for nothing, and the workers spin-wait after it, burning the CPU
+    the front's request threads need (issue 35: 2-3 ms of CPU per request on 2 cores).
+    ``omp_set_num_threads`` sets the calling thread's own setting, so other threads
+    (a rebuild in the recorder thread) keep theirs; the results are the same.
+    """
+    before = faiss.omp_get_max_threads()
+    if before == 1:
+        yield
+        return
+    faiss.omp_set_num_threads(1)
+    try:
+        yield
+    finally:
+        faiss.omp_set_num_threads(before)
 
 
 @dataclass(frozen=True)
@@ -140,7 +162,7 @@ class VectorIndex:
     def search_scope(self, vector: np.ndarray, scope: str, k: int = 1) -> list[SearchHit]:
         """The ``k`` best live entries of ``scope``, best first (no scan of other scopes)."""
         vec = np.ascontiguousarray(np.asarray(vector, np.float32).reshape(1, self.dim))
-        with self._lock:
+        with self._lock, one_omp_thread(self.faiss):
             rows = self._scopes.get(scope)
             if not rows:
                 return []
@@ -161,7 +183,7 @@ class VectorIndex:
                accept: Callable[[IndexEntry], bool] | None = None) -> list[SearchHit]:
         """The ``k`` best live entries that ``accept`` admits, best first."""
         vec = np.ascontiguousarray(np.asarray(vector, np.float32).reshape(1, self.dim))
-        with self._lock:
+        with self._lock, one_omp_thread(self.faiss):
             total = self._index.ntotal
             probe = min(total, max(16, 4 * k))
             while probe > 0:

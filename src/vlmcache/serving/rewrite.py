@@ -17,12 +17,15 @@ from typing import Any
 from vlmcache.cascade import Resolution
 from vlmcache.config import VlmCacheConfig
 from vlmcache.keys import image_uuid, tenant_cache_salt
-from vlmcache.serving.images import png_data_url
+from vlmcache.serving.images import PngUrls
 from vlmcache.serving.openai_req import (IMAGE_MARK, MEDIA_MARK, VIDEO_MARK, ParsedRequest,
                                          decode_transcript)
 from vlmcache.tiers.semantic_text import QUESTION_LAYER
 
 logger = logging.getLogger(__name__)
+
+#: Canonical (and fetched) pixels' PNG data URLs of this process: a hit re-sends them.
+PNG_URLS = PngUrls()
 
 
 def rewrite_body(req: ParsedRequest, res: Resolution | None,
@@ -188,9 +191,9 @@ def _rewrite_images(body: dict[str, Any], req: ParsedRequest, res: Resolution | 
         url = part["image_url"]
         url = url.get("url") if isinstance(url, dict) else url
         if pixels is not None and hashes[k] != ref.content_hash:
-            url = png_data_url(pixels[k])  # the canonical image's own pixels
+            url = PNG_URLS.get(pixels[k])  # the canonical image's own pixels
         elif not str(url).startswith("data:"):
-            url = png_data_url(ref.image)  # fetched once here: vLLM gets these pixels
+            url = PNG_URLS.get(ref.image)  # fetched once here: vLLM gets these pixels
         if config.client_image_uuids == "trust" and ref.client_uuid is not None:
             uuid = ref.client_uuid
         else:

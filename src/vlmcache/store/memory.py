@@ -27,7 +27,7 @@ def snapshot_tensors(tensors: Tensors) -> dict[str, torch.Tensor]:
     return out
 
 
-def _owned_tensors(tensors: Tensors) -> dict[str, torch.Tensor]:
+def owned_tensors(tensors: Tensors) -> dict[str, torch.Tensor]:
     out = dict(tensors)
     for name, tensor in out.items():
         if not isinstance(tensor, torch.Tensor) or tensor.device.type != "cpu":
@@ -125,7 +125,7 @@ class MemoryStore:
                 return False
             if not admitted and not self._ledger.admit(key, tenant):
                 return False
-        copies = _owned_tensors(tensors) if owned else snapshot_tensors(tensors)
+        copies = owned_tensors(tensors) if owned else snapshot_tensors(tensors)
         with self._lock:
             old = self._entries.pop(key, None)
             if old is not None:

@@ -97,7 +97,7 @@ class TieredStore:
         if self.disk is None:
             return False
         tensors = self.disk.get(key)
-        return tensors is not None and self.memory.put(key, tensors, admitted=True)
+        return tensors is not None and self.memory.put(key, tensors, owned=True, admitted=True)
 
     def get(self, key: str, *, tenant: Tenant = None) -> dict[str, torch.Tensor] | None:
         """The chunk from memory, else from disk (then promoted into memory), else ``None``."""
@@ -108,8 +108,9 @@ class TieredStore:
                 self.disk.touch(key)
         elif self.disk is not None:
             tensors = self.disk.get(key)
-            if tensors is not None:
-                self.memory.put(key, tensors, tenant=tenant, admitted=True)
+            if tensors is not None:  # owned: a disk read is a fresh copy, shared as a
+                # memory hit's tensors are (a torch copy costs its thread pool's wake-up)
+                self.memory.put(key, tensors, owned=True, tenant=tenant, admitted=True)
         with self._lock:
             if tensors is None:
                 self._misses += 1
@@ -122,7 +123,8 @@ class TieredStore:
             tenant: Tenant = None) -> bool:
         """Write to memory and through to disk; ``True`` if at least one tier kept the chunk.
 
-        ``owned``: see :meth:`MemoryStore.put` (the memory tier keeps the tensors uncopied).
+        ``owned``: see :meth:`MemoryStore.put` (the memory tier keeps the tensors uncopied,
+        and a direct disk write writes them uncopied: neither tier changes them).
         """
         self._check(key)
         kept = self.memory.put(key, tensors, owned=owned, tenant=tenant)
@@ -132,7 +134,7 @@ class TieredStore:
             else:  # no writer, or its queue is full: written here (backpressure, so a
                 # crash never loses more than the queue: dropping left acknowledged
                 # chunks in memory only, 10x the queue per kill in issue 33's trials)
-                kept = self.disk.put(key, tensors, tenant=tenant) or kept
+                kept = self.disk.put(key, tensors, tenant=tenant, owned=owned) or kept
         if kept:
             with self._lock:
                 self._bytes_written += tensors_nbytes(tensors)

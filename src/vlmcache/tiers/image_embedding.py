@@ -231,7 +231,8 @@ class ImageEmbeddingTier:
         key = image_store_key(self.namespace_digest, tenant, content_hash)
         if self.index.get(key) is not None:
             return True
-        if not self.store.put(key, image_to_tensors(image), tenant=tenant):
+        # owned: image_to_tensors made a fresh copy no one else holds (no second copy)
+        if not self.store.put(key, image_to_tensors(image), tenant=tenant, owned=True):
             logger.warning("image tier: canonical image %s not stored", content_hash[:12])
             return False
         vec = self.embedder.embed([image], [content_hash])[0]
