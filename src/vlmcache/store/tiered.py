@@ -108,8 +108,8 @@ class TieredStore:
                 self.disk.touch(key)
         elif self.disk is not None:
             tensors = self.disk.get(key)
-            if tensors is not None:  # owned: a disk read is a fresh copy, shared as a
-                # memory hit's tensors are (a torch copy costs its thread pool's wake-up)
+            if tensors is not None:  # owned: a disk read is a fresh copy (no second
+                # one); callers share it as they share a memory hit's tensors
                 self.memory.put(key, tensors, owned=True, tenant=tenant, admitted=True)
         with self._lock:
             if tensors is None:
