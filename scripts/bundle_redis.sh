@@ -21,6 +21,10 @@ exec "$d/lib/ld-linux-x86-64.so.2" --library-path "$d/lib" "$d/redis-server-bin"
 WRAP
 chmod +x "$dir/redis-server"
 "$dir/redis-server" --version
+# the redis-py client too: the GPU image has none (the first GPU run's engines failed with
+# "'redis' is needed for this feature"); pure Python, put on PYTHONPATH by gpu_replicas.sh
+py=$(python3 -c "import os, redis; print(os.path.dirname(redis.__file__))")
+mkdir -p "$dir/py" && cp -r "$py" "$dir/py/" && find "$dir/py" -name __pycache__ -prune -exec rm -rf {} +
 mkdir -p .gpu
 tar czf .gpu/redis.tgz -C "$(dirname "$dir")" redis
 rm -rf "$(dirname "$dir")"

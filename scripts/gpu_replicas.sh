@@ -28,10 +28,11 @@ case "${1:-}" in
     fi
     rm -rf "$code" "$out" /root/multi-work-* /root/redis && mkdir -p "$code" "$out"
     cp -r src benchmarks scripts "$code"/
-    path=$PATH
+    path=$PATH redispy=""
     if [ -f .gpu/redis.tgz ]; then
       tar xzf .gpu/redis.tgz -C /root && /root/redis/redis-server --version \
         && path=/root/redis:$PATH || echo "bundled redis-server does not run: one store dir"
+      [ -d /root/redis/py/redis ] && redispy=/root/redis/py:  # the redis-py client
     fi
     emb=""; [ -f /root/emb-site/.complete ] && emb=/root/emb-site:  # scripts/stage_embedder.sh
     echo "text embedder: ${emb:-not staged (paraphrase tiers off)}"
@@ -49,7 +50,7 @@ case "${1:-}" in
         *) echo "unknown job $job (replicas, tp2)"; exit 2 ;;
       esac
     done
-    (cd "$code" && PATH=$path PYTHONPATH=/root/site:$emb$code/src:$code/benchmarks \
+    (cd "$code" && PATH=$path PYTHONPATH=/root/site:$redispy$emb$code/src:$code/benchmarks \
       PYTHONUNBUFFERED=1 setsid bash -c "$cmds touch $out/done" < /dev/null > /dev/null 2>&1 &
      echo $! > /root/multi-run.pid)
     sleep 2; echo "started: $*"
