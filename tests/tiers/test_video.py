@@ -142,3 +142,26 @@ def test_a_faint_object_in_one_frame_is_refused_though_the_frame_passes():
     tier = VideoTier(THRESHOLD, 64 * 1024**2)
     tier.record(canon, "t")
     assert tier.lookup(query, "t") is None
+
+
+def test_thumbnails_made_in_chunks_on_threads_equal_one_stack():
+    """A long clip's thumbnails are made on the verifier's threads; the same bytes."""
+    from vlmcache.tiers.video import _thumbnails, video_thumbnails
+
+    frames = np.random.default_rng(0).integers(0, 256, (33, 40, 56, 3), dtype=np.uint8)
+    assert np.array_equal(video_thumbnails(frames), _thumbnails(frames))
+
+
+def test_candidates_probed_at_once_agree_with_the_verifier():
+    """The lookup probes its candidates together; a refused probe is a refused clip."""
+    from vlmcache.tiers.video import probe_passes, verify_frames, video_thumbnails
+
+    rng = np.random.default_rng(1)
+    clip = synthetic_frames(3, n=12)
+    near = np.clip(clip.astype(np.int16) + rng.integers(-2, 3, clip.shape), 0, 255)
+    others = [synthetic_frames(seed, n=12) for seed in (4, 5)]
+    thumbs = [video_thumbnails(x.astype(np.uint8)) for x in [near, *others]]
+    query = video_thumbnails(clip)
+    passed = probe_passes(query, thumbs + [thumbs[0][:6]], 0.19)
+    assert passed == [True, False, False, False]
+    assert [verify_frames(query, t, 0.19) is not None for t in thumbs] == passed[:3]
