@@ -40,7 +40,8 @@ import numpy as np
 from vlmcache.tenant_secret import SALT_ENV
 from vlmcache.testing.server import ServerProcess, free_port
 from vlmcache_lab.serve_gpu import warm_up
-from vlmcache_lab.serve_gpu_servers import ours_config, start_servers
+from vlmcache_lab.serve_gpu_servers import (gpus_and_cores, ours_config, start_servers,
+                                            write_result)
 from vlmcache_lab.serve_gpu_load import Slo, run_phase, summarize
 from vlmcache_lab.serve_gpu_trace import (TraceRequest, build_trace, composition, parse_mix,
                                           poisson_offsets)
@@ -330,10 +331,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(message)s")
-    result = run(args, argv)
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
-    print(json.dumps(result["verdict"], indent=2))
+    write_result(args.out, run(args, argv))
     return 0
 
 
@@ -344,12 +342,6 @@ def _vllm_version() -> str:
 
 
 def _device(args: Any) -> str:
-    try:
-        gpu = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total",
-                              "--format=csv,noheader"], capture_output=True, text=True,
-                             timeout=20).stdout.strip().replace("\n", "; ")
-    except (OSError, subprocess.SubprocessError):
-        gpu = "no GPU"
-    return (f"{gpu or 'no GPU'}; {os.cpu_count()} CPU cores; one upstream per GPU "
+    return (f"{gpus_and_cores()}; one upstream per GPU "
             f"({args.gpus or 'CUDA_VISIBLE_DEVICES not set'}), proxies and client on the "
             "same host, loopback HTTP")

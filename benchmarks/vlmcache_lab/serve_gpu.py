@@ -34,8 +34,9 @@ from typing import Any, Sequence
 import numpy as np
 
 from vlmcache_lab.serve_gpu_load import Slo, miss_ids, run_phase, summarize, verdict
-from vlmcache_lab.serve_gpu_servers import (LAYOUTS, Server, make_servers, ours_config,
-                                            start_servers, text_embedder_path, vllm_flags)
+from vlmcache_lab.serve_gpu_servers import (LAYOUTS, Server, gpus_and_cores, make_servers,
+                                            ours_config, start_servers, text_embedder_path,
+                                            vllm_flags)
 from vlmcache_lab.serve_gpu_trace import (build_trace, composition, parse_mix,
                                           poisson_offsets)
 
@@ -220,17 +221,6 @@ def run_shape(args: Any, argv: Sequence[str]) -> dict[str, Any]:
 
 
 def _device(layout: str) -> str:
-    import subprocess
-
-    try:
-        gpu = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total",
-                              "--format=csv,noheader"], capture_output=True, text=True,
-                             timeout=20).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        gpu = "no GPU"
-    import os
-
     where = ("the front in its own process (vlmcache proxy)" if layout == "proxy"
              else "the front in vLLM's API server")
-    return (f"{gpu}; {os.cpu_count()} CPU cores; both servers on one GPU, loopback HTTP; "
-            f"{where}")
+    return f"{gpus_and_cores()}; both servers on one GPU, loopback HTTP; {where}"

@@ -30,6 +30,28 @@ OURS_CONFIG: dict[str, object] = {"model_revision": "dummy-weights", "log_reques
                                   "disk_budget": "16GiB"}
 
 
+def gpus_and_cores() -> str:
+    """``nvidia-smi``'s GPUs (name, memory; ``no GPU`` without one) and the CPU count: the
+    ``device`` line of the GPU serving benchmarks."""
+    import os
+    import subprocess
+
+    try:
+        gpu = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total",
+                              "--format=csv,noheader"], capture_output=True, text=True,
+                             timeout=20).stdout.strip().replace("\n", "; ")
+    except (OSError, subprocess.SubprocessError):
+        gpu = ""
+    return f"{gpu or 'no GPU'}; {os.cpu_count()} CPU cores"
+
+
+def write_result(path: str, result: dict[str, Any]) -> None:
+    """Write a benchmark's JSON to ``path`` and print its verdict."""
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(result["verdict"], indent=2))
+
+
 class Server(Protocol):
     """What the load generator needs of a server."""
 

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from vlmcache.testing.server import ServerProcess
+from vlmcache_lab.serve_gpu_servers import gpus_and_cores, write_result
 from vlmcache_lab.serve_gpu_trace import ImageSpec, image_data_url
 
 log = logging.getLogger(__name__)
@@ -143,7 +144,7 @@ def run(args: Any, argv: Sequence[str]) -> dict[str, Any]:
     import vllm
 
     return {"command": "python benchmarks/tp_restart.py " + " ".join(argv),
-            "device": args.device or _device(), "vllm_version": str(vllm.__version__),
+            "device": args.device or gpus_and_cores(), "vllm_version": str(vllm.__version__),
             "model": model, "smoke": bool(args.smoke), "block_size": block,
             "config": {k: v for k, v in config.items() if k != "tenant_salt"},
             "tokens_stored_definition": "KV chunks the phase added to the store x block_size "
@@ -183,20 +184,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(message)s")
-    result = run(args, argv)
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
-    print(json.dumps(result["verdict"], indent=2))
+    write_result(args.out, run(args, argv))
     return 0
 
-
-def _device() -> str:
-    import os
-
-    try:
-        gpu = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total",
-                              "--format=csv,noheader"], capture_output=True, text=True,
-                             timeout=20).stdout.strip().replace("\n", "; ")
-    except (OSError, subprocess.SubprocessError):
-        gpu = ""
-    return f"{gpu or 'no GPU'}; {os.cpu_count()} CPU cores"

@@ -186,7 +186,7 @@ def _wrapped(name: str, cls: type) -> type:
 
     def load_bytes(klass: type, data: bytes, **kwargs: Any) -> tuple[Any, dict[str, Any]]:
         handoff, keep = _handoff, getattr(_local, "keep", False)
-        if handoff is None:
+        if handoff is None or not (keep or handoff.nbytes):  # nothing to take: no hashing
             return super(wrapper, klass).load_bytes(data, **kwargs)
         key = handoff_key(data, name, kwargs)
         found = handoff.take(key)
