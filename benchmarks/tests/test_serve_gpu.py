@@ -244,6 +244,19 @@ def test_proxy_layout_puts_the_front_before_a_frontless_serve_and_keeps_plain(
     plain = [[a for a in s["plain"].argv if a not in {str(p) for p in strip}]  # type: ignore
              for s in (inproc, proxied)]
     assert plain[0] == plain[1]  # the baseline is the same in both layouts
+    assert proxy[proxy.index("--workers") + 1] == "1" and ours.redis is None
+
+
+def test_proxy_workers_share_a_redis_the_engine_does_not_use(tmp_path: Path) -> None:
+    from vlmcache_lab.serve_gpu_servers import make_servers
+
+    ours = make_servers(_args(tmp_path, ours_layout="proxy", paraphrase="off",
+                              proxy_workers=4), tmp_path)["ours"]
+    proxy = ours.proxy.argv  # type: ignore[attr-defined]
+    assert proxy[proxy.index("--workers") + 1] == "4"
+    sets = {proxy[k + 1] for k, a in enumerate(proxy) if a == "--vlmcache-set"}
+    assert f"redis_url={ours.redis.url}" in sets  # type: ignore[attr-defined]
+    assert not any("redis" in a for a in ours.engine.argv)  # type: ignore[attr-defined]
 
 
 def test_paraphrase_follows_the_embedder_unless_forced(tmp_path: Path,

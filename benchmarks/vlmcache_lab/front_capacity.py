@@ -134,6 +134,31 @@ def _start(argv: list[str], log: Path, url: str) -> subprocess.Popen[bytes]:
     raise RuntimeError(f"{argv} did not start")
 
 
+def wait_for_workers(store: Path, workers: int, timeout_s: float = 120.0) -> None:
+    """Until every proxy worker holds its slot (its front is built)."""
+    import fcntl
+    import os
+
+    from vlmcache.serving.proxy_workers import WORKERS_DIR
+
+    deadline = time.monotonic() + timeout_s
+    for k in range(workers):
+        lock = store / WORKERS_DIR / f"w{k}" / "lock"
+        while True:
+            if lock.exists():
+                fd = os.open(lock, os.O_RDWR)
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    fcntl.flock(fd, fcntl.LOCK_UN)
+                except BlockingIOError:
+                    break
+                finally:
+                    os.close(fd)
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"proxy worker {k} did not start")
+            time.sleep(0.2)
+
+
 def measure(args: Any, upstream: str, proxy: str) -> dict[str, Any]:
     """Every tier x client count, straight and through the proxy."""
     miss_start = 0
@@ -143,6 +168,8 @@ def measure(args: Any, upstream: str, proxy: str) -> dict[str, Any]:
     with httpx.Client(base_url=proxy, timeout=60) as client:  # prime the pool, one by one
         for body in tier_bodies("response", args.model, 0, POOL, 0):
             client.post("/v1/chat/completions", json=body).raise_for_status()
+    if args.workers > 1:  # every worker learns the pool's records (sync every 0.2 s)
+        time.sleep(2.0)
     for clients in (int(c) for c in args.clients.split(",")):
         for tier in TIERS:
             n = max(64, clients * 8) if tier != "miss" else int(args.seconds * args.miss_rps)
@@ -171,6 +198,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                    help="new images made per second of a miss run (more: some repeat)")
     p.add_argument("--gpu-highest-rate", type=float, default=None,
                    help="the GPU benchmark's highest arrival rate, to compare with")
+    p.add_argument("--workers", type=int, default=1,
+                   help="proxy workers (more than 1: a loopback redis-server is started "
+                   "for them to share through)")
     p.add_argument("--device", default=None)
     p.add_argument("--out", default="front-capacity.json")
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -180,23 +210,36 @@ def main(argv: Sequence[str] | None = None) -> int:
     upstream, proxy = f"http://127.0.0.1:{up_port}", f"http://127.0.0.1:{px_port}"
     sets = {"model_revision": "dummy-weights", "enable_image_embedding": "true",
             "log_requests": "false", "store_path": str(work / "store")}
+    redis = None
+    if args.workers > 1:
+        from vlmcache.testing.redis_server import RedisServer
+
+        redis = RedisServer(maxmemory="1gb")
+        redis.start()
+        sets.update({"redis_url": redis.url, "redis_sync_interval_s": "0.2"})
     procs = [_start([sys.executable, "-m", "uvicorn",
                      "vlmcache_lab.front_capacity:instant_upstream", "--port", str(up_port),
                      "--log-level", "warning"], work / "up.log", upstream)]
     try:
         procs.append(_start([sys.executable, "-m", "vlmcache.cli", "proxy", args.model,
                              "--upstream", upstream, "--port", str(px_port),
+                             "--workers", str(args.workers),
                              *[a for k, v in sets.items() for a in ("--vlmcache-set", f"{k}={v}")]],
                             work / "proxy.log", proxy))
+        if args.workers > 1:
+            wait_for_workers(work / "store", args.workers)
         tiers = measure(args, upstream, proxy)
     finally:
         for proc in procs:
             proc.terminate()
             proc.wait(timeout=30)
+        if redis is not None:
+            redis.stop()
     max_rps = {t: max(v["rps"] for v in by.values()) for t, by in tiers.items()}
     result = {"command": "python benchmarks/front_capacity.py " + " ".join(argv),
               "device": args.device or f"{os.cpu_count()} CPU cores",
-              "front_config": sets, "seconds_per_run": args.seconds,
+              "front_config": sets, "workers": args.workers,
+              "seconds_per_run": args.seconds,
               "max_rps": max_rps, "tiers": tiers,
               "gpu_highest_rate": args.gpu_highest_rate, "notes": NOTES,
               "front_bottleneck_at_gpu_rate": (None if args.gpu_highest_rate is None

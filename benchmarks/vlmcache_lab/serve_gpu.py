@@ -143,6 +143,9 @@ def parse_args(argv: Sequence[str] | None) -> Any:
                    help="inprocess: the front in vLLM's API server (`vlmcache serve`); proxy: "
                    "`vlmcache proxy` in its own process before `vlmcache serve "
                    "--vlmcache-no-front`")
+    p.add_argument("--proxy-workers", type=int, default=1,
+                   help="with --ours-layout proxy: its front processes (more than 1: a "
+                   "loopback redis-server is started for them to share through)")
     p.add_argument("--paraphrase", default="auto", choices=("auto", "on", "off"),
                    help="the paraphrase tiers; auto: on where the text embedder is installed")
     p.add_argument("--budget-s", type=float, default=0.0,

@@ -98,30 +98,41 @@ class ProxiedServer:
     process); ``url`` is the proxy's."""
 
     def __init__(self, model: Path, config: dict[str, object], work: Path,
-                 vllm_args: list[str]) -> None:
+                 vllm_args: list[str], workers: int = 1) -> None:
         self.engine = ServerProcess(model, config, work / "ours.log", vllm_args)
         self.engine.argv.insert(self.engine.argv.index("serve") + 2, "--vlmcache-no-front")
         self.proxy = ServerProcess(model, config, work / "proxy.log")
+        self.workers = workers
+        self.redis: Any = None
+        if workers > 1:  # the proxy's workers share their tiers through it (not the engine)
+            from vlmcache.testing.redis_server import RedisServer
+
+            self.redis = RedisServer(maxmemory="4gb")
+            config = {**config, "redis_url": self.redis.url}
         sets = [a for k, v in config.items() if k != "tenant_salt"
                 for a in ("--vlmcache-set", f"{k}={_yaml(v)}")]
         self.proxy.argv = [sys.executable, "-m", "vlmcache.cli", "proxy", str(model), *sets,
                            "--upstream", self.engine.url, "--host", "127.0.0.1",
-                           "--port", str(self.proxy.port)]
+                           "--port", str(self.proxy.port), "--workers", str(workers)]
         self.url = self.proxy.url
 
     def start(self) -> "ProxiedServer":
-        """The engine first (it makes the store and its salt), then the proxy."""
+        """The engine first (it makes the store and its salt), then Redis, the proxy."""
         self.engine.start()
         try:
+            if self.redis is not None:
+                self.redis.start()
             self.proxy.start()
         except BaseException:
-            self.engine.stop()
+            self.stop()
             raise
         return self
 
     def stop(self) -> None:
         self.proxy.stop()
         self.engine.stop()
+        if self.redis is not None:
+            self.redis.stop()
 
 
 def make_servers(args: Any, work: Path) -> dict[str, Server]:
@@ -132,7 +143,7 @@ def make_servers(args: Any, work: Path) -> dict[str, Server]:
     model = Path(args.geometry)
     ours: Server
     if args.ours_layout == "proxy":
-        ours = ProxiedServer(model, config, work, vllm_flags(args))
+        ours = ProxiedServer(model, config, work, vllm_flags(args), args.proxy_workers)
     else:
         ours = ServerProcess(model, config, work / "ours.log", vllm_flags(args))
     plain = ServerProcess(model, {}, work / "plain.log", vllm_flags(args))

@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import os
@@ -125,6 +126,14 @@ def cmd_proxy(args: argparse.Namespace) -> int:
             check_policy(args.routing)
         except ValueError as exc:
             raise VlmCacheError(f"--{exc}") from exc
+    if args.workers is not None:
+        config = dataclasses.replace(config, proxy_workers=args.workers)
+    if config.proxy_workers > 1:
+        from vlmcache.serving.proxy_workers import run_workers
+
+        run_workers(args.model, config, media_io, args.upstream, args.routing, args.host,
+                    args.port)
+        return 0
     front = CascadeFront.for_model(args.model, config, metrics=FrontMetrics.create(
         tenant_label=config.metrics_tenant_label), media_io_kwargs=media_io)
     try:
@@ -224,6 +233,9 @@ def _add_serving_parsers(sub: "argparse._SubParsersAction[argparse.ArgumentParse
                    help="which upstream gets a request: by cache affinity on the "
                    "canonicalized request (falls back to a less loaded or live one) or "
                    "round robin (default: the config's proxy_routing, affinity)")
+    p.add_argument("--workers", type=int, default=None, metavar="N",
+                   help="front processes on the port, sharing their tiers through the "
+                   "config's redis_url (default: the config's proxy_workers, 1)")
     _front_args(p)
     p.set_defaults(func=cmd_proxy)
 

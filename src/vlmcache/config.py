@@ -134,6 +134,9 @@ class VlmCacheConfig:
             least loaded live upstream's count.
         proxy_down_s: under affinity, how long an upstream that refused a connection is
             passed over.
+        proxy_workers: front processes of ``vlmcache proxy`` on its one port (one process
+            tops out near 50 image misses per second); more than 1 needs ``redis_url``
+            (with ``redis_share_records``): the workers share their tiers through it.
         max_images_per_request: most images one request may carry.
         max_video_bytes: largest encoded video (``video_url`` part) the front accepts.
         max_video_frames: most frames the model's sampling may take from one video.
@@ -274,6 +277,7 @@ class VlmCacheConfig:
     proxy_affinity_slack: int = 8
     proxy_affinity_factor: float = 2.0
     proxy_down_s: float = 5.0
+    proxy_workers: int = 1
     # --- end issue 35 ---
     # --- issue 14B: the shared Redis tier ---
     redis_url: str | None = None

@@ -135,6 +135,7 @@ RANGES: dict[str, Range] = {
     "proxy_affinity_slack": Range(0, note="0: any extra in-flight request moves it"),
     "proxy_affinity_factor": Range(1, is_float=True, note="1: no share above the least"),
     "proxy_down_s": Range(0, is_float=True, note="seconds; 0: never passed over"),
+    "proxy_workers": Range(1, 256, note="front processes of vlmcache proxy"),
     "max_video_frames": Range(1, note="a positive count"),
     "max_video_pixels": _COUNT,
     "max_video_duration_s": _POSITIVE_S,

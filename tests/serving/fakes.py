@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import base64
+import contextlib
 import io
 import json
+import threading
+import time
 
 from PIL import Image
 
@@ -130,3 +133,25 @@ def delta_text(chunks: list[dict]) -> str:
     """The answer text streamed chat chunks carry."""
     return "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks
                    if c["choices"])
+
+
+@contextlib.contextmanager
+def serving(app):
+    """Serve the ASGI ``app`` on a free loopback port (a uvicorn thread); yields its URL."""
+    import uvicorn
+
+    from vlmcache.testing.server import free_port
+
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port,
+                                           log_level="warning", lifespan="off"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not server.started and time.monotonic() < deadline:
+        time.sleep(0.05)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=5)

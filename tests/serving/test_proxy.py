@@ -4,17 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import sys
-import threading
-import time
 from pathlib import Path
 
 import httpx
 import pytest
-import uvicorn
 from prometheus_client import CollectorRegistry
 
 sys.path.insert(0, str(Path(__file__).parent))
-from fakes import FakeEngineApp, chat, data_url, image  # noqa: E402
+from fakes import FakeEngineApp, chat, data_url, image, serving  # noqa: E402
 
 from vlmcache.testing.server import free_port  # noqa: E402
 from vlmcache.config import VlmCacheConfig  # noqa: E402
@@ -25,23 +22,9 @@ from vlmcache.serving.proxy import build_proxy_app  # noqa: E402
 
 @pytest.fixture
 def upstreams():
-    servers, engines = [], []
-    for _ in range(2):
-        engine = FakeEngineApp()
-        port = free_port()
-        server = uvicorn.Server(uvicorn.Config(engine, host="127.0.0.1", port=port,
-                                               log_level="warning", lifespan="off"))
-        thread = threading.Thread(target=server.run, daemon=True)
-        thread.start()
-        servers.append((server, thread, f"http://127.0.0.1:{port}"))
-        engines.append(engine)
-    deadline = time.monotonic() + 10
-    while not all(s.started for s, _, _ in servers) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    yield [url for _, _, url in servers], engines
-    for server, thread, _ in servers:
-        server.should_exit = True
-        thread.join(timeout=5)
+    engines = [FakeEngineApp(), FakeEngineApp()]
+    with serving(engines[0]) as first, serving(engines[1]) as second:
+        yield [first, second], engines
 
 
 def test_proxy_spreads_requests_and_runs_the_front(tmp_path, upstreams):

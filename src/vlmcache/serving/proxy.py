@@ -21,7 +21,7 @@ from typing import Any, Sequence
 
 import httpx
 import anyio
-from prometheus_client import REGISTRY, make_asgi_app
+from prometheus_client import REGISTRY, CollectorRegistry, make_asgi_app
 
 from vlmcache.serving.asgi import Receive, Scope, Send, VlmCacheMiddleware
 from vlmcache.serving.front import CascadeFront
@@ -110,13 +110,16 @@ class UpstreamApp:
 
 
 class MetricsRoute:
-    """Serves ``/metrics`` from prometheus-client's registry and ``/vlmcache/routing``
-    from ``router`` (when given); the rest goes to ``app``."""
+    """Serves ``/metrics`` from ``registry`` (prometheus-client's default one unless
+    given) and ``/vlmcache/routing`` from ``router`` (when given; with ``worker``, the
+    slot of the proxy worker whose counts they are); the rest goes to ``app``."""
 
-    def __init__(self, app: Any, router: Router | None = None) -> None:
+    def __init__(self, app: Any, router: Router | None = None,
+                 registry: CollectorRegistry | None = None, worker: int | None = None) -> None:
         self.app = app
         self.router = router
-        self.metrics = make_asgi_app(registry=REGISTRY)
+        self.worker = worker
+        self.metrics = make_asgi_app(registry=REGISTRY if registry is None else registry)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         path = scope.get("path", "").rstrip("/") if scope["type"] == "http" else ""
@@ -124,7 +127,10 @@ class MetricsRoute:
             await self.metrics(scope, receive, send)
             return
         if path == ROUTING_PATH and self.router is not None:
-            raw = json.dumps(self.router.stats()).encode()
+            stats = self.router.stats()
+            if self.worker is not None:
+                stats["worker"] = self.worker
+            raw = json.dumps(stats).encode()
             await send({"type": "http.response.start", "status": 200,
                         "headers": [(b"content-type", b"application/json")]})
             await send({"type": "http.response.body", "body": raw})
@@ -133,17 +139,22 @@ class MetricsRoute:
 
 
 def build_proxy_app(front: CascadeFront, upstreams: Sequence[str],
-                    routing: str | None = None) -> Any:
+                    routing: str | None = None,
+                    registry: CollectorRegistry | None = None,
+                    worker: int | None = None) -> Any:
     """The proxy's ASGI app: metrics, then the front, then the upstreams.
 
     ``routing``: ``"affinity"`` or ``"round_robin"``; ``None`` takes the config's
     ``proxy_routing``; the fallback bounds are the config's (``proxy_affinity_*``,
-    ``proxy_down_s``)."""
+    ``proxy_down_s``). ``registry``: what ``/metrics`` serves (default: prometheus-client's
+    default registry, where the front's collectors live); ``worker``: this process's slot
+    under ``vlmcache proxy --workers`` (shown with the routing counts)."""
     config = front.config
     upstream = UpstreamApp(upstreams, routing=routing or config.proxy_routing,
                            slack=config.proxy_affinity_slack,
                            factor=config.proxy_affinity_factor, down_s=config.proxy_down_s)
-    return MetricsRoute(VlmCacheMiddleware(upstream, front=front), upstream.router)
+    return MetricsRoute(VlmCacheMiddleware(upstream, front=front), upstream.router, registry,
+                        worker)
 
 
 async def _body(receive: Receive) -> bytes:
