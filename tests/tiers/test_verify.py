@@ -279,3 +279,27 @@ def test_the_shade_reads_small_objects_on_a_plain_background_only():
     assert abs(_shade(small) - 40) < 10
     assert _shade(thumbnail(_drawn((250, 250, 250), (40, 40, 40), (2, 2, 62, 62)))) is None
     assert _shade(np.full((3, 64, 64), 120, np.float32)) is None
+
+
+def test_refusing_early_changes_no_decision_and_no_accepted_distance():
+    """``refuse_above`` stops at the first term over the threshold: every pair is decided
+    as the full computation decides it, and a passing pair's distance is exact."""
+    rng = np.random.default_rng(2)
+    images = _images(16)
+    pairs = [(b.image, a) for a, attrs in images
+             for table in (BENIGN, HARD) for make in table.values()
+             for b in [make(a, attrs, rng, "what color is the shape?")] if b is not None]
+    pairs += [(images[k][0], images[k + 1][0]) for k in range(len(images) - 1)]
+    cut_short = 0
+    for query, source in pairs:
+        q, c = prepare(query, (1.0,)), prepare(source)
+        for threshold in (0.05, THRESHOLD, 0.3):
+            full = verify(q, c, threshold).distance
+            early = verify(q, c, threshold, refuse_above=threshold).distance
+            assert (early <= threshold) == (full <= threshold)
+            if full <= threshold:
+                assert early == full
+            else:
+                assert threshold < early <= full
+                cut_short += early < full
+    assert len(pairs) >= 100 and cut_short > 0  # the early exit was taken

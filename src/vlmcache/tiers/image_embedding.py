@@ -185,7 +185,8 @@ class ImageEmbeddingTier:
                     continue
                 query = query or prepare(image, (1.0,))
                 verdict = verify(query, self._prepared_view(hit.entry.key, tensors),
-                                 good_enough=self.verify_threshold if thresholded else 0.0)
+                                 good_enough=self.verify_threshold if thresholded else 0.0,
+                                 refuse_above=self.verify_threshold if thresholded else None)
                 yield hit, tensors, verdict.distance
 
     def _candidate_stages(self, image: Any, content_hash: str, tenant: str | None,

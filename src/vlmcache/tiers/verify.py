@@ -63,7 +63,7 @@ on the fidelity benchmark's train images). Numpy only.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 
@@ -160,12 +160,15 @@ def prepare(image: Any, zooms: Sequence[float] = ZOOMS) -> Prepared:
                     tuple(_down(g, 2) for g in greys), _foreground(thumb))
 
 
-def verify(query: Prepared, candidate: Prepared, good_enough: float = 0.0) -> Verdict:
+def verify(query: Prepared, candidate: Prepared, good_enough: float = 0.0,
+           refuse_above: float | None = None) -> Verdict:
     """Register the candidate onto the query (zoom, then translation) and measure.
 
     Zoom 1 is registered (16, 32, then 64 px) and measured first; unless its distance is
     already at most ``good_enough``, every other zoom is registered at 16 and 32 px and
-    the best of them (by the 32 px error) is refined and measured too.
+    the best of them (by the 32 px error) is refined and measured too. With
+    ``refuse_above`` (a lookup's threshold), a distance above it may be a lower bound
+    (:func:`_distance`): whether it is above is exact, its value need not be.
     """
     q16 = query.grey16[0][_PAD16:-_PAD16, _PAD16:-_PAD16]
     q32 = query.grey32[0][_PAD32:-_PAD32, _PAD32:-_PAD32]
@@ -177,14 +180,14 @@ def verify(query: Prepared, candidate: Prepared, good_enough: float = 0.0) -> Ve
         err, dx, dy = _search(q32, c32, _PAD32, (2 * dx, 2 * dy), 1)
         trials.append((err, zoom, dx, dy))
         if zoom == 1.0:
-            best = _refined(query.thumb, grey_q, candidate, zoom, dx, dy)
+            best = _refined(query.thumb, grey_q, candidate, zoom, dx, dy, refuse_above)
             if best.distance <= good_enough:
                 return best
     others = [t for t in trials if t[1] != 1.0]
     if not others:  # a candidate prepared at zoom 1 only
         return best
     _, zoom, dx, dy = min(others)
-    other = _refined(query.thumb, grey_q, candidate, zoom, dx, dy)
+    other = _refined(query.thumb, grey_q, candidate, zoom, dx, dy, refuse_above)
     return other if other.distance < best.distance else best
 
 
@@ -195,13 +198,13 @@ def aligned_distance(query: np.ndarray, candidate: np.ndarray) -> float:
 
 
 def _refined(query: np.ndarray, grey_q: np.ndarray, cand: Prepared, zoom: float,
-             dx: int, dy: int) -> Verdict:
+             dx: int, dy: int, refuse_above: float | None = None) -> Verdict:
     """Translation refined at 64 px around the 32 px estimate, then the distance."""
     _, dx, dy = _search(grey_q, _grey_padded(cand.thumb, zoom), _PAD64, (2 * dx, 2 * dy), 2)
     dx, dy = (int(np.clip(d, -MAX_SHIFT, MAX_SHIFT)) for d in (dx, dy))
     if _lost(cand.foreground, zoom, dx, dy) > LOST_MAX:
         return Verdict(1.0, dx, dy, zoom)
-    return Verdict(_distance(query, cand.thumb, zoom, dx, dy), dx, dy, zoom)
+    return Verdict(_distance(query, cand.thumb, zoom, dx, dy, refuse_above), dx, dy, zoom)
 
 
 def _foreground(thumb: np.ndarray) -> np.ndarray:
@@ -291,7 +294,8 @@ def _search(query: np.ndarray, padded: np.ndarray, pad: int, centre: tuple[int, 
     return float(errs[iy, ix]), pad - x0 - int(ix), pad - y0 - int(iy)
 
 
-def _distance(query: np.ndarray, cand: np.ndarray, zoom: float, dx: int, dy: int) -> float:
+def _distance(query: np.ndarray, cand: np.ndarray, zoom: float, dx: int, dy: int,
+              refuse_above: float | None = None) -> float:
     """The largest of the local, cast, tint, recolouring, decolouring and shade terms
     (module docstring) after a shared gain, over the whole query: where the shifted
     candidate has no pixels its edge repeats, so content that entered the frame counts as a difference (a miss, never a
@@ -299,25 +303,38 @@ def _distance(query: np.ndarray, cand: np.ndarray, zoom: float, dx: int, dy: int
 
     Each pixel is compared with the best of the other image's 3x3 neighbours, both ways
     (sub-pixel misregistration costs nothing; a thin object added or removed still does).
+
+    With ``refuse_above``, the terms are taken cheapest first and the first that puts the
+    distance above it ends the computation: the value returned is then a lower bound of
+    the distance, above ``refuse_above`` (a refusal either way; most candidates of a
+    lookup that misses are refused by the cast, for a fifth of the full cost).
     """
     fitted = _exposed(query, _zoomed(cand, zoom, dx, dy, border=1))
-    rest = query - fitted[:, 1:-1, 1:-1]
+    worst = 0.0
+    for term in _terms(query, fitted):
+        worst = max(worst, term)
+        if refuse_above is not None and min(1.0, worst / 255.0) > refuse_above:
+            break
+    return min(1.0, worst / 255.0)
+
+
+def _terms(query: np.ndarray, fitted: np.ndarray) -> Iterator[float]:
+    """:func:`_distance`'s terms (levels, weighted), cheapest first."""
+    inner = fitted[:, 1:-1, 1:-1]
+    rest = query - inner
+    yield CAST_WEIGHT * float(np.median(np.abs(rest).max(axis=0)))
+    # the colour balance: median Cb / Cr difference (noise and small objects drop out)
+    yield TINT_WEIGHT * float(np.abs(np.median(np.tensordot(_YCC[1:], rest, axes=(1, 0))
+                                               .reshape(2, -1), axis=1)).max())
+    yield _shading(query, inner)
+    yield _decolouring(query, inner)
     # both ways: a grey candidate has no chroma for a map to move (a desaturated request
     # would pass against its greyscale copy), the request's colour seen from it does
-    recolour = max(_recolouring(query, fitted[:, 1:-1, 1:-1]),
-                   _recolouring(fitted[:, 1:-1, 1:-1], query))
-    cast = float(np.median(np.abs(rest).max(axis=0)))
-    # the colour balance: median Cb / Cr difference (noise and small objects drop out)
-    tint = float(np.abs(np.median(np.tensordot(_YCC[1:], rest, axes=(1, 0))
-                                  .reshape(2, -1), axis=1)).max())
-    decolour = _decolouring(query, fitted[:, 1:-1, 1:-1])
-    shading = _shading(query, fitted[:, 1:-1, 1:-1])
-    query, fitted = _luma_chroma(query), _luma_chroma(fitted)
-    there = np.pad(query, ((0, 0), (1, 1), (1, 1)), mode="edge")
-    diff = np.maximum(_nearest(query, fitted), _nearest(fitted[:, 1:-1, 1:-1], there))
-    local = float(_box(_inner_ring(diff), _BOX).max())
-    return min(1.0, max(local, CAST_WEIGHT * cast, TINT_WEIGHT * tint,
-                        COLOUR_MAP_WEIGHT * recolour, decolour, shading) / 255.0)
+    yield COLOUR_MAP_WEIGHT * max(_recolouring(query, inner), _recolouring(inner, query))
+    luma_q, luma_f = _luma_chroma(query), _luma_chroma(fitted)
+    there = np.pad(luma_q, ((0, 0), (1, 1), (1, 1)), mode="edge")
+    diff = np.maximum(_nearest(luma_q, luma_f), _nearest(luma_f[:, 1:-1, 1:-1], there))
+    yield float(_box(_inner_ring(diff), _BOX).max())
 
 
 def _inner_ring(diff: np.ndarray) -> np.ndarray:
