@@ -28,12 +28,7 @@ case "${1:-}" in
     fi
     rm -rf "$code" "$out" /root/multi-work-* /root/redis && mkdir -p "$code" "$out"
     cp -r src benchmarks scripts "$code"/
-    path=$PATH redispy=""
-    if [ -f .gpu/redis.tgz ]; then
-      tar xzf .gpu/redis.tgz -C /root && /root/redis/redis-server --version \
-        && path=/root/redis:$PATH || echo "bundled redis-server does not run: one store dir"
-      [ -d /root/redis/py/redis ] && redispy=/root/redis/py:  # the redis-py client
-    fi
+    . scripts/gpu_redis.sh && redis_bundle /root  # sets path, redispy (else: one store dir)
     emb=""; [ -f /root/emb-site/.complete ] && emb=/root/emb-site:  # scripts/stage_embedder.sh
     echo "text embedder: ${emb:-not staged (paraphrase tiers off)}"
     nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader

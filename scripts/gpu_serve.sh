@@ -9,6 +9,9 @@
 # each); a shape's file is written when it finishes. ARGS: more serve_gpu.py arguments
 # (--budget-s: each shape's share of the call; see serve_gpu.py's docstring). The paraphrase tiers are on when the text
 # embedder was staged in /root/emb-site (scripts/stage_embedder.sh; .gpu/emb0, .gpu/emb1).
+# With .gpu/redis.tgz carried, its redis-server is on PATH (ARGS="... --proxy-workers 8").
+# FRONT_WORKERS="1 8": after the shapes, benchmarks/front_capacity.py once per worker count
+# on this host's CPUs (front-capacity-w<N>.json).
 set -uo pipefail
 code=/root/serve-code
 case "${1:-}" in
@@ -24,9 +27,17 @@ case "${1:-}" in
         --work /root/serve-work-$shape --out /root/serve-out/serve-gpu-$shape.json ${ARGS:-} \
         > /root/serve-out/log-$shape.txt 2>&1; echo \$? > /root/serve-out/rc-$shape; "
     done
+    for n in ${FRONT_WORKERS:-}; do
+      cmds+="python benchmarks/front_capacity.py --model benchmarks/geometries/qwen2vl7b \
+        --clients 1,16,64 --seconds 2.5 --miss-rps 500 --workers $n --gpu-highest-rate 120 \
+        --device \"GPU host's CPUs ($(nproc) cores)\" --out /root/serve-out/front-capacity-w$n.json \
+        > /root/serve-out/log-front-w$n.txt 2>&1; "
+    done
+    . scripts/gpu_redis.sh && redis_bundle /root/serve-redis  # sets path, redispy
     emb=""; [ -f /root/emb-site/.complete ] && emb=/root/emb-site:
     echo "text embedder: ${emb:-not staged (paraphrase tiers off)}"
-    (cd "$code" && PYTHONPATH=/root/site:$emb$code/src:$code/benchmarks PYTHONUNBUFFERED=1 \
+    (cd "$code" && PATH=$path PYTHONPATH=/root/site:$redispy$emb$code/src:$code/benchmarks \
+      PYTHONUNBUFFERED=1 \
       setsid bash -c "$cmds touch /root/serve-out/done" < /dev/null > /dev/null 2>&1 &)
     sleep 2; echo "started $# shape(s)"
     ;;
@@ -35,6 +46,7 @@ case "${1:-}" in
     while [ $SECONDS -lt $deadline ] && [ ! -e /root/serve-out/done ]; do sleep 10; done
     for f in /root/serve-out/log-*.txt; do
       s=$(basename "$f" .txt); s=${s#log-}
+      case "$s" in front-w*) continue ;; esac  # front_capacity's: copied below
       echo "== $s rc=$(cat /root/serve-out/rc-$s 2>/dev/null || echo running)"
       grep -E "rate |Error|error" "$f" | tail -n 12 | cut -c1-400
       cp "$f" /root/serve-out/serve-gpu-$s.json "${OUT:-/tmp}/" 2>/dev/null
@@ -42,6 +54,8 @@ case "${1:-}" in
       tail -c 8000 /root/serve-work-$s/plain.log > "${OUT:-/tmp}/plain-$s.log" 2>/dev/null
       tail -c 8000 /root/serve-work-$s/proxy.log > "${OUT:-/tmp}/proxy-$s.log" 2>/dev/null
     done
+    cp /root/serve-out/front-capacity-w*.json /root/serve-out/log-front-w*.txt \
+      "${OUT:-/tmp}/" 2>/dev/null
     nvidia-smi --query-gpu=memory.used --format=csv,noheader
     ;;
   *) echo "usage: $0 start SHAPE:RATES [...] | wait SECONDS"; exit 2 ;;
