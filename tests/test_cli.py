@@ -83,3 +83,13 @@ def test_serve_refuses_bad_keys_and_wiring_flags(tmp_path, capsys):
     assert main(["serve", str(tmp_path), "--vlmcache-set", f"store_path={tmp_path}",
                  "--vlmcache-print", "--kv-transfer-config", "{}"]) == 2
     assert "--kv-transfer-config is set by vlmcache serve" in capsys.readouterr().err
+
+
+def test_serve_refuses_more_than_one_api_server(tmp_path, capsys):
+    base = ["serve", str(tmp_path), "--vlmcache-set", f"store_path={tmp_path / 's'}",
+            "--vlmcache-print"]
+    for flag in (["--api-server-count", "4"], ["--api-server-count=2"]):
+        assert main([*base, *flag]) == 2
+        err = capsys.readouterr().err
+        assert "--api-server-count" in err and "vlmcache proxy --workers" in err
+    assert main([*base, "--api-server-count", "1"]) == 0

@@ -55,6 +55,7 @@ def serve_command(model: str, config: VlmCacheConfig, vllm_args: Sequence[str],
         if any(a == flag or a.startswith(flag + "=") for a in vllm_args):
             raise ValueError(f"{flag} is set by vlmcache serve; leave it out of the vLLM "
                              "arguments")
+    _check_one_api_server(vllm_args)
     wiring = engine_wiring(config, device_type)
     wired = wiring.cli_args()
     if any(a == "--block-size" or a.startswith("--block-size=") for a in vllm_args):
@@ -104,6 +105,19 @@ def parse_media_io_kwargs(value: str | None, flag: str) -> dict[str, dict[str, o
         raise ValueError(f"{flag}: expected an object of objects, e.g. "
                          '\'{"video": {"num_frames": 16}}\'')
     return parsed
+
+
+def _check_one_api_server(vllm_args: Sequence[str]) -> None:
+    """Refuse ``--api-server-count`` above 1: the server module vlmcache runs starts one API
+    server process (vLLM would ignore the flag), and each would hold its own front."""
+    for k, arg in enumerate(vllm_args):
+        value = arg.split("=", 1)[1] if arg.startswith("--api-server-count=") else (
+            vllm_args[k + 1] if arg == "--api-server-count" and k + 1 < len(vllm_args)
+            else None)
+        if value is not None and value.strip() not in ("0", "1"):
+            raise ValueError(f"--api-server-count {value}: vlmcache serve runs one API server "
+                             "process; for more front processes run `vlmcache proxy --workers "
+                             "N` before `vlmcache serve --vlmcache-no-front`")
 
 
 def _private_run_dir(run_dir: Path, store: Path) -> None:
