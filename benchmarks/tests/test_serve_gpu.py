@@ -123,8 +123,10 @@ async def _fake_sse(scope, receive, send) -> None:  # type: ignore[no-untyped-de
             *((0.2 if k == 0 else 0.0, {"choices": [{"delta": {"content": text}}],
                                         **usage(k + 1)}) for k in range(3)),
             (0.3, {"choices": [{"delta": {}, "finish_reason": "length"}], **usage(3)}),
-            (0.0, {"choices": [], "usage": {"completion_tokens": 3}}),
-            (0.0, {"choices": [], "vlmcache": {"hit_tier": "image"}})]
+            (0.0, {"choices": [], "usage": {"completion_tokens": 3, "prompt_tokens_details":
+                                            {"cached_tokens": 64}}}),
+            (0.0, {"choices": [], "vlmcache": {"hit_tier": "image", "front_ms": {
+                "decode": 1.5, "cascade": 2.5}}})]
     for delay, chunk in plan:
         await asyncio.sleep(delay)
         data = b"data: " + json.dumps(chunk).encode() + b"\n\n"
@@ -164,6 +166,9 @@ def test_run_phase_is_open_loop_and_reads_ttft_tier_and_tokens() -> None:
     assert all(r["status"] == 200 and r["tier"] == "image" and r["tokens"] == 3 for r in rows)
     assert all(200 <= r["ttft_ms"] < 450 and r["e2e_ms"] >= 500 for r in rows)
     assert {r["ttft_by"] for r in rows} == {"content"}
+    assert all(r["cached_tokens"] == 64 and r["front_ms"] == 4.0 for r in rows)
+    breakdown = summarize(rows, 1.0, Slo(), miss_ids={0, 1})
+    assert (breakdown["miss_front_ms_p50"], breakdown["miss_cached_tokens_mean"]) == (4.0, 64.0)
     assert wall < 2.0  # closed loop one at a time would take >= 5 s
     # no visible text, no usage: answered, TTFT at the finish chunk
     assert all(r["status"] == 200 and r["ttft_ms"] >= 500 and r["ttft_by"] == "finish"

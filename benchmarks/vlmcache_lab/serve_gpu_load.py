@@ -71,11 +71,17 @@ def _on_line(row: dict[str, Any], line: str, t0: float) -> None:
             row["ttft_ms"], row["ttft_by"] = (time.perf_counter() - t0) * 1000, by
     if isinstance(chunk.get("usage"), dict):
         row["tokens"] = int(chunk["usage"].get("completion_tokens") or 0)
+        details = chunk["usage"].get("prompt_tokens_details")
+        if isinstance(details, dict):  # vLLM's prefix-cache hit (--enable-prompt-tokens-details)
+            row["cached_tokens"] = int(details.get("cached_tokens") or 0)
     if isinstance(chunk.get("vlmcache"), dict):
         report = chunk["vlmcache"]
         row["tier"] = report.get("hit_tier") or "miss"
         for key in ("prompt_tokens", "tokens_loaded", "tokens_from_prefix_cache"):
             row[key] = int(report.get(key) or 0)  # where the engine's prompt tokens came from
+        stages = report.get("front_ms")
+        if isinstance(stages, dict):  # the front's own time on this request
+            row["front_ms"] = float(sum(v for v in stages.values() if isinstance(v, (int, float))))
 
 
 def first_token_mark(chunk: dict[str, Any]) -> str | None:
@@ -137,9 +143,10 @@ def summarize(rows: Sequence[dict[str, Any]], wall_s: float, slo: Slo,
     ttft = [r["ttft_ms"] for r in ok]
     e2e = [r["e2e_ms"] for r in ok]
     if miss_ids is None:
-        misses = [r["ttft_ms"] for r in ok if r["tier"] == "miss"]
+        miss_rows = [r for r in ok if r["tier"] == "miss"]
     else:
-        misses = [r["ttft_ms"] for r in ok if r["i"] in miss_ids]
+        miss_rows = [r for r in ok if r["i"] in miss_ids]
+    misses = [r["ttft_ms"] for r in miss_rows]
     hits: dict[str, int] = {}
     for r in ok:
         tier = r["tier"] or "engine"
@@ -152,9 +159,19 @@ def summarize(rows: Sequence[dict[str, Any]], wall_s: float, slo: Slo,
             "ttft_p50_ms": _pct(ttft, 50), "ttft_p99_ms": _pct(ttft, 99),
             "ttft_by": dict(sorted(Counter(r.get("ttft_by") or "?" for r in ok).items())),
             "ttft_miss_p50_ms": _pct(misses, 50), "ttft_miss_n": len(misses),
+            **miss_breakdown(miss_rows),
             "e2e_p50_ms": _pct(e2e, 50), "e2e_p99_ms": _pct(e2e, 99),
             "output_tokens": sum(int(r.get("tokens") or 0) for r in ok),
             "hits_by_tier": dict(sorted(hits.items()))}
+
+
+def miss_breakdown(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """What a miss's TTFT is made of, where the rows say: the front's own time (ours) and
+    the prompt tokens vLLM's prefix cache held (both arms, the same requests)."""
+    front = [r["front_ms"] for r in rows if r.get("front_ms") is not None]
+    cached = [r["cached_tokens"] for r in rows if r.get("cached_tokens") is not None]
+    return {"miss_front_ms_p50": _pct(front, 50), "miss_front_ms_p99": _pct(front, 99),
+            "miss_cached_tokens_mean": round(float(np.mean(cached)), 1) if cached else None}
 
 
 def miss_ids(rows: Sequence[dict[str, Any]]) -> set[int]:

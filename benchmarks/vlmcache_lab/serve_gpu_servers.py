@@ -64,7 +64,7 @@ class Server(Protocol):
 
 def vllm_flags(args: Any) -> list[str]:
     """The vLLM flags both servers get (ServerProcess adds --enforce-eager)."""
-    return ["--load-format", "dummy", "--enable-prefix-caching",
+    return ["--load-format", "dummy", "--enable-prefix-caching", "--enable-prompt-tokens-details",
             "--gpu-memory-utilization", str(args.gpu_memory_utilization),
             "--max-model-len", str(args.max_model_len), "--max-num-seqs", str(args.max_num_seqs)]
 
