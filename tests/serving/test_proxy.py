@@ -120,6 +120,7 @@ def test_affinity_sends_a_canonicalized_jpeg_to_the_replica_of_its_original(tmp_
     assert all(len(replicas) == 1 for replicas in where.values()), where
     assert all(len(e.bodies) > 0 for e in engines)  # the images spread over both
     assert stats["policy"] == "affinity" and sum(stats["chosen"]) == 2 * len(images)
+    assert stats["upstreams"] == 2 and not any(u in str(stats) for u in urls)  # no URLs
     assert stats["fallbacks"] == 0 and stats["inflight"] == [0, 0]
 
 

@@ -188,7 +188,9 @@ class Router:
         return self._down_until[index] > self._clock()
 
     def stats(self) -> dict[str, Any]:
-        """Requests chosen per upstream, in flight now, and the affinity fallbacks."""
-        return {"policy": self.policy, "upstreams": list(self.upstreams),
+        """Requests chosen per upstream (in ``--upstream`` order), in flight now, and the
+        affinity fallbacks. The upstreams' count, never their URLs: any client may read
+        this, and a URL can carry credentials or internal addresses."""
+        return {"policy": self.policy, "upstreams": len(self.upstreams),
                 "chosen": list(self.chosen), "inflight": list(self.inflight),
                 "fallbacks": self.fallbacks}
