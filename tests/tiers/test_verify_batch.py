@@ -70,3 +70,20 @@ def test_stacked_shade_equals_the_per_pair_reference():
     reference = np.array([aligned_distance(q, c) for q, c in zip(query, cand)])
     assert np.allclose(aligned_distances(query, cand), reference, atol=1e-5)
     assert _shading(query[0], cand[0]) > 0 and _shading(query[2], cand[2]) == 0.0
+
+
+def test_any_exceeds_decides_as_the_largest_distance_does():
+    from vlmcache.tiers.verify_batch import any_exceeds
+
+    query, cand = _pairs()
+    other = video_thumbnails(synthetic_frames(2000, n=24, h=96, w=128))
+    distances = aligned_distances(query, cand)
+    stacks = [(query[k:k + 3], cand[k:k + 3]) for k in range(0, 24, 3)]
+    stacks += [(query[k:k + 3], other[k:k + 3]) for k in range(0, 24, 6)]
+    decided = 0
+    for q, c in stacks:
+        worst = float(aligned_distances(q, c).max())
+        for threshold in (0.02, 0.1, 0.19, 0.5, float(distances.max())):
+            assert any_exceeds(q, c, threshold) == (worst > threshold), (worst, threshold)
+            decided += worst > threshold
+    assert decided > 0 and decided < len(stacks) * 5  # both answers were given

@@ -10,6 +10,8 @@ which stays the reference: a change to one must be made to both.
 
 from __future__ import annotations
 
+from typing import Iterator
+
 import numpy as np
 
 from vlmcache.tiers.verify import (
@@ -33,26 +35,40 @@ from vlmcache.tiers.verify import (
 def aligned_distances(query: np.ndarray, cand: np.ndarray) -> np.ndarray:
     """``(T,)`` distances of ``(T, 3, 64, 64)`` thumbnail stacks, pair ``i`` as
     :func:`~vlmcache.tiers.verify.aligned_distance` ``(query[i], cand[i])``."""
+    worst = np.maximum.reduce(list(_terms(query, cand)))
+    return np.minimum(1.0, worst / 255.0)
+
+
+def any_exceeds(query: np.ndarray, cand: np.ndarray, threshold: float) -> bool:
+    """``aligned_distances(query, cand).max() > threshold``, the terms taken cheapest first
+    and the first that puts a pair over ``threshold`` ending it (a refused candidate's
+    probe frames pay for its cast, not for all six terms)."""
+    for term in _terms(query, cand):
+        if bool((np.minimum(1.0, term / 255.0) > threshold).any()):
+            return True
+    return False
+
+
+def _terms(query: np.ndarray, cand: np.ndarray) -> Iterator[np.ndarray]:
+    """The distance's terms per pair (levels, weighted; the module docstring of
+    :mod:`~vlmcache.tiers.verify`), cheapest first."""
     q, c = query.astype(np.float32), cand.astype(np.float32)
     moved = np.pad(c, ((0, 0), (0, 0), (1, 1), (1, 1)), mode="edge")
     fitted = _exposed(q, moved)
     inner = fitted[:, :, 1:-1, 1:-1]
     rest = q - inner
-    recolour = np.maximum(_recolouring(q, inner), _recolouring(inner, q))
-    cast = np.median(np.abs(rest).max(axis=1).reshape(len(q), -1), axis=1)
+    yield CAST_WEIGHT * np.median(np.abs(rest).max(axis=1).reshape(len(q), -1), axis=1)
     chroma = _YCC[1:] @ rest.reshape(len(q), 3, -1)
-    tint = np.abs(np.median(chroma, axis=2)).max(axis=1)
-    decolour = _decolouring(q, inner)
-    shading = _shading(q, inner)
+    yield TINT_WEIGHT * np.abs(np.median(chroma, axis=2)).max(axis=1)
+    yield _shading(q, inner)
+    yield _decolouring(q, inner)
+    yield COLOUR_MAP_WEIGHT * np.maximum(_recolouring(q, inner), _recolouring(inner, q))
     ql, fl = _luma_chroma(q), _luma_chroma(fitted)
     there = np.pad(ql, ((0, 0), (0, 0), (1, 1), (1, 1)), mode="edge")
     diff = np.maximum(_nearest(ql, fl), _nearest(fl[:, :, 1:-1, 1:-1], there))
     diff[:, 0], diff[:, -1] = diff[:, 1], diff[:, -2]  # the edge ring (verify._inner_ring)
     diff[:, :, 0], diff[:, :, -1] = diff[:, :, 1], diff[:, :, -2]
-    local = _box(diff, _BOX).reshape(len(q), -1).max(axis=1)
-    worst = np.maximum.reduce([local, CAST_WEIGHT * cast, TINT_WEIGHT * tint,
-                               COLOUR_MAP_WEIGHT * recolour, decolour, shading])
-    return np.minimum(1.0, worst / 255.0)
+    yield _box(diff, _BOX).reshape(len(q), -1).max(axis=1)
 
 
 def _decolouring(query: np.ndarray, fitted: np.ndarray) -> np.ndarray:

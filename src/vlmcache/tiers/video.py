@@ -46,7 +46,7 @@ from typing import Any
 
 import numpy as np
 
-from vlmcache.tiers.verify_batch import aligned_distances
+from vlmcache.tiers.verify_batch import aligned_distances, any_exceeds
 
 logger = logging.getLogger(__name__)
 
@@ -194,13 +194,12 @@ def probe_passes(query: np.ndarray, cands: list[np.ndarray], threshold: float) -
     """Whether each candidate passes :func:`verify_frames`'s first test (same shape, its
     3 probe frames within ``threshold``), the candidates probed at once on the verifier's
     threads: on a miss every candidate is refused here, at ~1.5 ms of CPU a frame pair."""
-    q = query.astype(np.float32)[_probe(query)]
+    q = query[_probe(query)]
 
     def passes(cand: np.ndarray) -> bool:
         if cand.shape != query.shape:
             return False
-        c = cand.astype(np.float32)[_probe(cand)]
-        return float(aligned_distances(q, c).max()) <= threshold
+        return not any_exceeds(q, cand[_probe(cand)], threshold)
 
     if len(cands) <= 1:
         return [passes(c) for c in cands]
@@ -213,10 +212,10 @@ def verify_frames(query: np.ndarray, cand: np.ndarray, threshold: float) -> floa
     ``None`` when the candidate is refused."""
     if query.shape != cand.shape:
         return None
-    q, c = query.astype(np.float32), cand.astype(np.float32)
-    probe = _probe(q)  # another clip fails here, for 3 frames
-    if float(aligned_distances(q[probe], c[probe]).max()) > threshold:
+    probe = _probe(query)  # another clip fails here, for 3 frames
+    if any_exceeds(query[probe], cand[probe], threshold):
         return None
+    q, c = query.astype(np.float32), cand.astype(np.float32)
     distances = frame_distances(q, c)
     worst = float(distances.max())
     if worst > threshold:
