@@ -144,14 +144,6 @@ def test_a_faint_object_in_one_frame_is_refused_though_the_frame_passes():
     assert tier.lookup(query, "t") is None
 
 
-def test_thumbnails_made_in_chunks_on_threads_equal_one_stack():
-    """A long clip's thumbnails are made on the verifier's threads; the same bytes."""
-    from vlmcache.tiers.video import _thumbnails, video_thumbnails
-
-    frames = np.random.default_rng(0).integers(0, 256, (33, 40, 56, 3), dtype=np.uint8)
-    assert np.array_equal(video_thumbnails(frames), _thumbnails(frames))
-
-
 def test_candidates_probed_at_once_agree_with_the_verifier():
     """The lookup probes its candidates together; a refused probe is a refused clip."""
     from vlmcache.tiers.video import probe_passes, verify_frames, video_thumbnails
@@ -165,3 +157,24 @@ def test_candidates_probed_at_once_agree_with_the_verifier():
     passed = probe_passes(query, thumbs + [thumbs[0][:6]], 0.19)
     assert passed == [True, False, False, False]
     assert [verify_frames(query, t, 0.19) is not None for t in thumbs] == passed[:3]
+
+
+def test_a_lazy_clip_is_decided_as_a_whole_one_and_recorded_whole():
+    """A lookup on background-made thumbnails decides as on thumbnails made up front, and
+    making a clip canonical keeps its thumbnails whole, the frames let go."""
+    from vlmcache.tiers.video_thumbs import FrameThumbs
+
+    clip = synthetic_frames(3, n=12)
+    near = np.clip(clip.astype(np.int16) + 2, 0, 255).astype(np.uint8)
+    sig = VideoSignature(12, tuple(range(12)), 4.0)
+    for lazy in (False, True):
+        tier = VideoTier(0.19, 1 << 26)
+        made = FrameThumbs.from_frames(clip) if lazy else video_thumbnails(clip)
+        assert tier.record(VideoQuery("canon", sig, made, "u"), "t")
+        other = VideoQuery("other", sig, FrameThumbs.from_frames(synthetic_frames(9, n=12)),
+                           "o")
+        query = VideoQuery("near", sig, FrameThumbs.from_frames(near), "n")
+        assert tier.lookup(other, "t") is None
+        assert tier.lookup(query, "t").canonical_hash == "canon"
+        stored = tier._entries[("t", "canon")].thumbs
+        assert stored._frames is None and np.array_equal(stored.all(), video_thumbnails(clip))

@@ -26,7 +26,8 @@ import numpy as np
 from vlmcache.config import VlmCacheConfig
 from vlmcache.errors import RequestError, RequestTooLarge
 from vlmcache.serving.images import ImageLimits, base64_data_url, fetch_image_bytes
-from vlmcache.tiers.video import VideoSignature, video_thumbnails
+from vlmcache.tiers.video import VideoSignature
+from vlmcache.tiers.video_thumbs import FrameThumbs
 from vlmcache.vllm.video_io import VideoSampling, load_video, probe_video, video_kwargs
 
 logger = logging.getLogger(__name__)
@@ -62,11 +63,11 @@ class VideoLimits:
 class DecodedVideo:
     """A video as the front keeps it: its identity, sampling and 64 px thumbnails of its
     frames (what the near-duplicate tier verifies), not the frames (a minute of frames is
-    hundreds of MB)."""
+    hundreds of MB; the thumbnails' background job holds them until it is done)."""
 
     content_hash: str
     signature: VideoSignature
-    thumbs: np.ndarray
+    thumbs: FrameThumbs
     width: int
     height: int
     duration_s: float
@@ -177,8 +178,11 @@ def load_video_bytes(data: bytes, field: str, limits: VideoLimits, sampling: Vid
     _check_decoded(field, limits, int(shape[0]), int(shape[2]), int(shape[1]))
     signature = VideoSignature(int(shape[0]), tuple(int(i) for i in metadata.get(
         "frames_indices") or range(int(shape[0]))), float(metadata.get("fps") or 0.0))
+    # the thumbnails start on the background threads at once (a lookup makes the few it
+    # needs itself): they overlap the hash and the rest of the request's path
+    made = FrameThumbs.from_frames(frames) if thumbs else FrameThumbs.ready(_NO_THUMBS)
     video = DecodedVideo(video_content_hash(frames, metadata, processor_kwargs), signature,
-                         video_thumbnails(frames) if thumbs else _NO_THUMBS,
+                         made,
                          int(shape[2]), int(shape[1]), float(metadata.get("duration") or 0.0))
     return LoadedVideo(video, frames, metadata)
 

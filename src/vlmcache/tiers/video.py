@@ -37,25 +37,19 @@ from __future__ import annotations
 
 import functools
 import logging
-import os
 import threading
-from concurrent.futures import ThreadPoolExecutor
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
 from vlmcache.tiers.verify_batch import aligned_distances, any_exceeds
+from vlmcache.tiers.video_thumbs import (MIN_FRAMES_PER_THREAD, FrameThumbs,  # noqa: F401
+                                         coarse_indices, frame_thumbnails, pool, pool_size,
+                                         video_thumbnails)
 
 logger = logging.getLogger(__name__)
 
-#: Threads that compare a clip's frames (at most the machine's cores), each given at
-#: least ``MIN_FRAMES_PER_THREAD`` frames: fewer do not pay for the hand-over.
-MAX_VERIFY_THREADS = 8
-MIN_FRAMES_PER_THREAD = 8
-_POOL: ThreadPoolExecutor | None = None
-_POOL_LOCK = threading.Lock()
 #: Frame rates (as containers state them) within this share count as one sampling.
 FPS_TOLERANCE = 0.005
 #: A clip is refused as shifted when one step off is nearer than this share of aligned
@@ -93,12 +87,17 @@ class VideoSignature:
 @dataclass(frozen=True)
 class VideoQuery:
     """A video as this tier sees it: identity, sampling, per-frame thumbnails
-    (``(T, 3, 64, 64)`` uint8) and the URL that carries its bytes."""
+    (``(T, 3, 64, 64)`` uint8, a :class:`~vlmcache.tiers.video_thumbs.FrameThumbs`; an
+    array is wrapped) and the URL that carries its bytes."""
 
     content_hash: str
     signature: VideoSignature
-    thumbs: np.ndarray
+    thumbs: FrameThumbs
     url: str
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.thumbs, FrameThumbs):
+            object.__setattr__(self, "thumbs", FrameThumbs.ready(np.asarray(self.thumbs)))
 
     @property
     def nbytes(self) -> int:
@@ -106,8 +105,9 @@ class VideoQuery:
 
     @functools.cached_property
     def coarse(self) -> np.ndarray:
-        """8x8 block means of every frame (computed once: every lookup orders by it)."""
-        return _coarse(self.thumbs)
+        """8x8 block means of ``COARSE_FRAMES`` evenly spaced frames (computed once: every
+        lookup orders by it; a query's other thumbnails are not waited for)."""
+        return _coarse(self.thumbs.take(coarse_indices(self.thumbs.count)))
 
 
 @dataclass(frozen=True)
@@ -140,6 +140,8 @@ class VideoTier:
         if (tenant, query.content_hash) in self._entries:
             return None  # itself canonical: nothing to rewrite
         cands = self._candidates(query, tenant)
+        if not cands:
+            return None
         probed = probe_passes(query.thumbs, [c.thumbs for c in cands], self.verify_threshold)
         for cand, passed in zip(cands, probed):
             if not passed:
@@ -158,6 +160,10 @@ class VideoTier:
                 return True
             if query.nbytes > self.budget_bytes // 2:
                 return False
+        query.thumbs.all()  # a canonical clip's thumbnails are kept whole, frames let go
+        with self._lock:
+            if key in self._entries:
+                return True
             self._entries[key] = query
             self._bytes += query.nbytes
             self._evict(tenant)
@@ -186,36 +192,47 @@ class VideoTier:
         self._bytes -= self._entries.pop(key).nbytes
 
 
-def _probe(query: np.ndarray) -> list[int]:
+Thumbs = FrameThumbs | np.ndarray
+
+
+def _thumbs(thumbs: Thumbs) -> FrameThumbs:
+    return thumbs if isinstance(thumbs, FrameThumbs) else FrameThumbs.ready(thumbs)
+
+
+def _probe(query: Thumbs) -> list[int]:
     return sorted({0, len(query) // 2, len(query) - 1})
 
 
-def probe_passes(query: np.ndarray, cands: list[np.ndarray], threshold: float) -> list[bool]:
+def probe_passes(query: Thumbs, cands: list[Thumbs], threshold: float) -> list[bool]:
     """Whether each candidate passes :func:`verify_frames`'s first test (same shape, its
     3 probe frames within ``threshold``), the candidates probed at once on the verifier's
-    threads: on a miss every candidate is refused here, at ~1.5 ms of CPU a frame pair."""
-    q = query[_probe(query)]
+    threads: on a miss every candidate is refused here (most at the cast, the first term
+    of the distance), and only the probe frames' thumbnails are made."""
+    query = _thumbs(query)
+    q = query.take(_probe(query))
 
-    def passes(cand: np.ndarray) -> bool:
+    def passes(cand: Thumbs) -> bool:
+        cand = _thumbs(cand)
         if cand.shape != query.shape:
             return False
-        return not any_exceeds(q, cand[_probe(cand)], threshold)
+        return not any_exceeds(q, cand.take(_probe(cand)), threshold)
 
     if len(cands) <= 1:
         return [passes(c) for c in cands]
-    return list(_pool().map(passes, cands))
+    return list(pool().map(passes, cands))
 
 
-def verify_frames(query: np.ndarray, cand: np.ndarray, threshold: float) -> float | None:
+def verify_frames(query: Thumbs, cand: Thumbs, threshold: float) -> float | None:
     """The largest per-frame distance if every frame passes, none stands out, and the
     clip is neither better aligned one frame off nor moved in time (module docstring);
     ``None`` when the candidate is refused."""
+    query, cand = _thumbs(query), _thumbs(cand)
     if query.shape != cand.shape:
         return None
     probe = _probe(query)  # another clip fails here, for 3 frames
-    if any_exceeds(query[probe], cand[probe], threshold):
+    if any_exceeds(query.take(probe), cand.take(probe), threshold):
         return None
-    q, c = query.astype(np.float32), cand.astype(np.float32)
+    q, c = query.all().astype(np.float32), cand.all().astype(np.float32)
     distances = frame_distances(q, c)
     worst = float(distances.max())
     if worst > threshold:
@@ -235,25 +252,13 @@ def frame_distances(query: np.ndarray, cand: np.ndarray) -> np.ndarray:
     """:func:`~vlmcache.tiers.verify_batch.aligned_distances` of every frame pair, in
     chunks on the verifier's threads (numpy lets go of the GIL inside each stacked
     operation, so a long clip's frames are compared on several cores at once)."""
-    chunks = max(1, min(_pool_size(), len(query) // MIN_FRAMES_PER_THREAD))
+    chunks = max(1, min(pool_size(), len(query) // MIN_FRAMES_PER_THREAD))
     if chunks == 1:
         return aligned_distances(query, cand)
     bounds = np.linspace(0, len(query), chunks + 1).astype(int)
-    parts = _pool().map(aligned_distances, *zip(*[(query[a:b], cand[a:b])
+    parts = pool().map(aligned_distances, *zip(*[(query[a:b], cand[a:b])
                                                   for a, b in zip(bounds, bounds[1:])]))
     return np.concatenate(list(parts))
-
-
-def _pool_size() -> int:
-    return max(1, min(MAX_VERIFY_THREADS, os.cpu_count() or 1))
-
-
-def _pool() -> ThreadPoolExecutor:
-    global _POOL
-    with _POOL_LOCK:
-        if _POOL is None:
-            _POOL = ThreadPoolExecutor(_pool_size(), thread_name_prefix="vlmcache-verify")
-        return _POOL
 
 
 def shifted(query: np.ndarray, cand: np.ndarray) -> bool:
@@ -306,32 +311,6 @@ def _coarse(thumbs: np.ndarray) -> np.ndarray:
     t = thumbs.astype(np.float32)
     n, ch, h, w = t.shape
     return t.reshape(n, ch, 8, h // 8, 8, w // 8).mean(axis=(3, 5))
-
-
-def video_thumbnails(frames: Any) -> np.ndarray:
-    """``(T, 3, 64, 64)`` uint8 verifier thumbnails of ``(T, H, W, 3)`` frames: each frame
-    as :func:`~vlmcache.tiers.verify.thumbnail` makes it, the blur run on a stack of frames
-    at once (a third of the cost of 60 frames one by one), stacks in chunks on the
-    verifier's threads (PIL's resize and numpy let go of the GIL: a miss waits for this)."""
-    chunks = max(1, min(_pool_size(), len(frames) // MIN_FRAMES_PER_THREAD))
-    if chunks == 1:
-        return _thumbnails(frames)
-    bounds = np.linspace(0, len(frames), chunks + 1).astype(int)
-    parts = _pool().map(_thumbnails, [frames[a:b] for a, b in zip(bounds, bounds[1:])])
-    return np.concatenate(list(parts))
-
-
-def _thumbnails(frames: Any) -> np.ndarray:
-    from PIL import Image
-
-    from vlmcache.tiers.verify import SIZE
-    from vlmcache.tiers.verify_batch import _box
-
-    small = np.stack([np.asarray(Image.fromarray(np.asarray(f)).convert("RGB")
-                                 .resize((SIZE, SIZE), Image.BOX), dtype=np.float32)
-                      for f in frames])
-    blurred = _box(small.transpose(0, 3, 1, 2), 3)
-    return np.clip(blurred, 0, 255).round().astype(np.uint8)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,174 @@
+"""A clip's verifier thumbnails, made off the request's path where they can be.
+
+The near-duplicate tier verifies a video on 64 px thumbnails of its sampled frames; a
+60-frame clip's thumbnails cost about as much as decoding it (~25 ms on two cores), and a
+first sight of a clip waited for all of them. A lookup needs only a few: the coarse order
+(:data:`COARSE_FRAMES` frames) and the probes; all of them only when a candidate passes its
+probes (a near-duplicate: then the whole clip is verified) or when the clip is recorded as
+canonical, after the engine answered. :class:`FrameThumbs` starts all of them on a
+background thread as soon as the frames are decoded (the frames are let go when it is
+done, within that time) and makes the few a lookup asks for on the asking thread.
+
+The thumbnails are the same bytes either way: each frame's thumbnail depends on that
+frame alone (``tests/tiers/test_video_thumbs.py``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, Sequence
+
+import numpy as np
+
+logger = logging.getLogger(__name__)
+
+#: Threads that compare or thumbnail a clip's frames (at most the machine's cores), each
+#: given at least ``MIN_FRAMES_PER_THREAD`` frames: fewer do not pay for the hand-over.
+MAX_VERIFY_THREADS = 8
+MIN_FRAMES_PER_THREAD = 8
+#: Frames (evenly spaced) whose block means order a lookup's candidates.
+COARSE_FRAMES = 8
+_POOLS: dict[str, ThreadPoolExecutor] = {}
+_POOL_LOCK = threading.Lock()
+
+
+def pool_size() -> int:
+    return max(1, min(MAX_VERIFY_THREADS, os.cpu_count() or 1))
+
+
+def pool(name: str = "verify") -> ThreadPoolExecutor:
+    """The process's verifier threads (``verify``), or the background thumbnail threads
+    (``thumbs``: a job there never waits on another pool's work, so neither can starve)."""
+    with _POOL_LOCK:
+        if name not in _POOLS:
+            _POOLS[name] = ThreadPoolExecutor(pool_size(), thread_name_prefix=f"vlmcache-{name}")
+        return _POOLS[name]
+
+
+class FrameThumbs:
+    """``(T, 3, 64, 64)`` uint8 thumbnails of a clip's frames, whole or made as needed.
+
+    :meth:`ready` wraps thumbnails already made; :meth:`from_frames` starts making them in
+    the background, in chunks on the thumbnail threads, and holds the frames until then.
+    :meth:`take` gives some frames' (made on the calling thread unless done), :meth:`all`
+    every frame's (waiting for the background)."""
+
+    def __init__(self, count: int, thumbs: np.ndarray | None = None,
+                 frames: Any = None) -> None:
+        self.count = count
+        self._thumbs = thumbs
+        self._frames = frames
+        self._some: dict[int, np.ndarray] = {}
+        self._jobs: list[Future[np.ndarray]] = []
+        self._lock = threading.Lock()
+
+    @classmethod
+    def ready(cls, thumbs: np.ndarray) -> "FrameThumbs":
+        return cls(len(thumbs), thumbs=np.asarray(thumbs))
+
+    @classmethod
+    def from_frames(cls, frames: Any) -> "FrameThumbs":
+        out = cls(len(frames), frames=frames)
+        out._jobs = [pool("thumbs").submit(frame_thumbnails, frames[a:b])
+                     for a, b in _chunks(len(frames))]
+        for job in out._jobs:  # the last one to finish lets the frames go
+            job.add_done_callback(out._job_done)
+        return out
+
+    @property
+    def shape(self) -> tuple[int, int, int, int]:
+        return (self.count, 3, 64, 64)
+
+    @property
+    def nbytes(self) -> int:
+        return self.count * 3 * 64 * 64
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __getitem__(self, index: Any) -> np.ndarray:
+        return self.all()[index]
+
+    def take(self, indices: Sequence[int]) -> np.ndarray:
+        """The thumbnails of ``indices`` (``(len(indices), 3, 64, 64)``)."""
+        with self._lock:
+            if self._thumbs is not None:
+                return self._thumbs[list(indices)]
+            missing = sorted({int(i) for i in indices} - set(self._some))
+            frames = self._frames
+        if missing and frames is not None:
+            made = frame_thumbnails(frames[missing])
+            with self._lock:
+                self._some.update(zip(missing, made))
+        with self._lock:
+            if self._thumbs is None and all(int(i) in self._some for i in indices):
+                return np.stack([self._some[int(i)] for i in indices])
+        return self.all()[list(indices)]
+
+    def all(self) -> np.ndarray:
+        """Every frame's thumbnail (waits for the background jobs)."""
+        if self._thumbs is not None:
+            return self._thumbs
+        try:
+            thumbs = np.concatenate([job.result() for job in self._jobs])
+        except Exception:  # noqa: BLE001 -- a background failure: made again here
+            logger.exception("video thumbnails: background job failed")
+            with self._lock:
+                frames = self._frames
+            thumbs = frame_thumbnails(frames) if frames is not None else None
+        with self._lock:
+            if self._thumbs is None and thumbs is not None:
+                self._thumbs, self._frames, self._some = thumbs, None, {}
+            assert self._thumbs is not None
+            return self._thumbs
+
+
+    def _job_done(self, _: "Future[np.ndarray]") -> None:
+        if not all(job.done() for job in self._jobs) or \
+                any(job.exception() is not None for job in self._jobs):
+            return  # not the last, or one failed: all() makes them again
+        thumbs = np.concatenate([job.result() for job in self._jobs])
+        with self._lock:
+            if self._thumbs is None:
+                self._thumbs, self._frames, self._some = thumbs, None, {}
+
+
+def _chunks(count: int) -> list[tuple[int, int]]:
+    n = max(1, min(pool_size(), count // MIN_FRAMES_PER_THREAD))
+    bounds = np.linspace(0, count, n + 1).astype(int)
+    return list(zip(bounds[:-1].tolist(), bounds[1:].tolist()))
+
+
+def coarse_indices(count: int) -> list[int]:
+    """The frames whose block means order candidates: ``COARSE_FRAMES`` evenly spaced."""
+    if count <= COARSE_FRAMES:
+        return list(range(count))
+    return sorted({int(round(x)) for x in np.linspace(0, count - 1, COARSE_FRAMES)})
+
+
+def video_thumbnails(frames: Any) -> np.ndarray:
+    """``(T, 3, 64, 64)`` uint8 verifier thumbnails of ``(T, H, W, 3)`` frames: each frame
+    as :func:`~vlmcache.tiers.verify.thumbnail` makes it, the blur run on a stack of frames
+    at once (a third of the cost of 60 frames one by one), stacks in chunks on the
+    verifier's threads (PIL's resize and numpy let go of the GIL)."""
+    chunks = _chunks(len(frames))
+    if len(chunks) == 1:
+        return frame_thumbnails(frames)
+    return np.concatenate(list(pool().map(frame_thumbnails, [frames[a:b] for a, b in chunks])))
+
+
+def frame_thumbnails(frames: Any) -> np.ndarray:
+    """:func:`video_thumbnails` on the calling thread."""
+    from PIL import Image
+
+    from vlmcache.tiers.verify import SIZE
+    from vlmcache.tiers.verify_batch import _box
+
+    small = np.stack([np.asarray(Image.fromarray(np.asarray(f)).convert("RGB")
+                                 .resize((SIZE, SIZE), Image.BOX), dtype=np.float32)
+                      for f in frames])
+    blurred = _box(small.transpose(0, 3, 1, 2), 3)
+    return np.clip(blurred, 0, 255).round().astype(np.uint8)

@@ -1,0 +1,60 @@
+"""A clip's thumbnails made in the background or as needed are the same bytes."""
+
+import time
+
+import numpy as np
+
+from vlmcache.testing.clips import synthetic_frames
+from vlmcache.tiers.video_thumbs import (COARSE_FRAMES, FrameThumbs, coarse_indices,
+                                         frame_thumbnails, video_thumbnails)
+
+
+def test_thumbnails_made_in_chunks_on_threads_equal_one_stack():
+    """A long clip's thumbnails are made on the verifier's threads; the same bytes."""
+    frames = np.random.default_rng(0).integers(0, 256, (33, 40, 56, 3), dtype=np.uint8)
+    assert np.array_equal(video_thumbnails(frames), frame_thumbnails(frames))
+
+
+def test_some_frames_first_then_all_are_the_whole_clips_bytes():
+    frames = synthetic_frames(5, n=40, h=72, w=96)
+    whole = video_thumbnails(frames)
+    lazy = FrameThumbs.from_frames(frames)
+    assert lazy.shape == whole.shape and lazy.nbytes == whole.nbytes and len(lazy) == 40
+    assert np.array_equal(lazy.take([0, 20, 39]), whole[[0, 20, 39]])
+    assert np.array_equal(lazy.take([39, 3]), whole[[39, 3]])  # any order, repeats
+    assert np.array_equal(lazy.all(), whole) and np.array_equal(lazy[7], whole[7])
+    assert np.array_equal(lazy.take([1, 2]), whole[[1, 2]])  # after all(): from the whole
+
+
+def test_the_background_lets_the_frames_go_when_it_is_done():
+    lazy = FrameThumbs.from_frames(synthetic_frames(6, n=24, h=64, w=64))
+    deadline = time.monotonic() + 30
+    while lazy._frames is not None:  # nobody asked for all(): the last job finishes it
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    assert lazy._thumbs is not None and lazy._thumbs.shape == (24, 3, 64, 64)
+
+
+def test_a_failed_background_job_is_made_again_on_the_asking_thread(monkeypatch):
+    import vlmcache.tiers.video_thumbs as vt
+
+    frames = synthetic_frames(7, n=16, h=64, w=64)
+    whole = video_thumbnails(frames)
+    real = vt.frame_thumbnails
+    calls = []
+
+    def flaky(chunk):
+        calls.append(len(chunk))
+        if len(calls) == 1:
+            raise RuntimeError("injected")
+        return real(chunk)
+
+    monkeypatch.setattr(vt, "frame_thumbnails", flaky)
+    lazy = FrameThumbs.from_frames(frames)
+    assert np.array_equal(lazy.all(), whole)
+
+
+def test_coarse_frames_are_evenly_spaced_and_include_both_ends():
+    assert coarse_indices(5) == [0, 1, 2, 3, 4]
+    picked = coarse_indices(60)
+    assert len(picked) == COARSE_FRAMES and picked[0] == 0 and picked[-1] == 59
