@@ -227,6 +227,9 @@ def _parser() -> argparse.ArgumentParser:
                         help="views (crops) of each test photograph used as seed images")
     parser.add_argument("--video-clips", type=int, default=40,
                         help="test clips (half synthetic, half over test photographs)")
+    parser.add_argument("--video-only", action="store_true",
+                        help="only the video probes (no engine: the front's video path and "
+                        "the video tier at the calibrated verifier threshold)")
     parser.add_argument("--model-dir", default=".cache/tiny-vqa")
     parser.add_argument("--out", default="benchmarks/results/fidelity.json")
     parser.add_argument("--seed", type=int, default=0)
@@ -276,7 +279,30 @@ def main(argv: Sequence[str] | None = None) -> None:
             print(name, "at", args.max_false_hit_rate, "->",
                   calibration.pick(curve, args.max_false_hit_rate, name))
         return
+    if args.video_only:
+        _evaluate_videos(args, argv)
+        return
     _evaluate(args, argv)
+
+
+def _evaluate_videos(args: argparse.Namespace, argv: Sequence[str] | None) -> None:
+    """The video probes alone, summarized as the full run summarizes them."""
+    from vlmcache.tiers import calibration
+    from vlmcache_lab.fidelity_clips import clips
+    from vlmcache_lab.fidelity_video import run_videos
+
+    threshold = calibration.threshold("image_verify", None, args.max_false_hit_rate,
+                                      args.calibration_file)
+    rows = run_videos(clips("test", args.video_clips, args.seed), threshold, args.seed)
+    variants = summarize(rows)
+    result = {"command": _command(argv), "device": f"{platform.machine()}, "
+              f"{os.cpu_count()} cores", "video_verify_threshold": threshold,
+              "seed_requests": sum(r.probe.category == "seed" for r in rows),
+              "variants": variants, "rows": [row_json(r) for r in rows]}
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+    for kind, v in variants.items():
+        print(f"{kind:28}", json.dumps(v))
 
 
 def _evaluate(args: argparse.Namespace, argv: Sequence[str] | None) -> None:
