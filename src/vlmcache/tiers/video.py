@@ -46,6 +46,7 @@ import numpy as np
 from vlmcache.tiers.verify_batch import aligned_distances, any_exceeds
 from vlmcache.tiers.video_thumbs import (MIN_FRAMES_PER_THREAD, FrameThumbs,  # noqa: F401
                                          coarse_indices, frame_thumbnails, pool, pool_size,
+                                         probe_indices,
                                          video_thumbnails)
 
 logger = logging.getLogger(__name__)
@@ -200,7 +201,7 @@ def _thumbs(thumbs: Thumbs) -> FrameThumbs:
 
 
 def _probe(query: Thumbs) -> list[int]:
-    return sorted({0, len(query) // 2, len(query) - 1})
+    return probe_indices(len(query))
 
 
 def probe_passes(query: Thumbs, cands: list[Thumbs], threshold: float) -> list[bool]:

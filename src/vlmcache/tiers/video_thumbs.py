@@ -63,6 +63,7 @@ class FrameThumbs:
         self._frames = frames
         self._some: dict[int, np.ndarray] = {}
         self._jobs: list[Future[np.ndarray]] = []
+        self._parts: list[list[int]] = []  # the frames each job makes
         self._lock = threading.Lock()
 
     @classmethod
@@ -71,9 +72,15 @@ class FrameThumbs:
 
     @classmethod
     def from_frames(cls, frames: Any) -> "FrameThumbs":
+        """Start the thumbnails of ``frames``: first the ones a lookup reads
+        (:func:`lookup_indices`), then the rest in chunks."""
         out = cls(len(frames), frames=frames)
-        out._jobs = [pool("thumbs").submit(frame_thumbnails, frames[a:b])
-                     for a, b in _chunks(len(frames))]
+        first = lookup_indices(len(frames))
+        rest = [i for i in range(len(frames)) if i not in set(first)]
+        out._parts = [first] + [rest[a:b] for a, b in _chunks(len(rest))]
+        out._jobs = [pool("thumbs").submit(frame_thumbnails, frames[part])
+                     for part in out._parts if part]
+        out._parts = [part for part in out._parts if part]
         for job in out._jobs:  # the last one to finish lets the frames go
             job.add_done_callback(out._job_done)
         return out
@@ -93,10 +100,18 @@ class FrameThumbs:
         return self.all()[index]
 
     def take(self, indices: Sequence[int]) -> np.ndarray:
-        """The thumbnails of ``indices`` (``(len(indices), 3, 64, 64)``)."""
+        """The thumbnails of ``indices`` (``(len(indices), 3, 64, 64)``): from the first
+        background job when it makes them all (a lookup's frames), else made here."""
         with self._lock:
             if self._thumbs is not None:
                 return self._thumbs[list(indices)]
+        if self._parts and {int(i) for i in indices} <= set(self._parts[0]):
+            try:
+                first = dict(zip(self._parts[0], self._jobs[0].result()))
+                return np.stack([first[int(i)] for i in indices])
+            except Exception:  # noqa: BLE001 -- made here below
+                logger.exception("video thumbnails: background job failed")
+        with self._lock:
             missing = sorted({int(i) for i in indices} - set(self._some))
             frames = self._frames
         if missing and frames is not None:
@@ -113,7 +128,7 @@ class FrameThumbs:
         if self._thumbs is not None:
             return self._thumbs
         try:
-            thumbs = np.concatenate([job.result() for job in self._jobs])
+            thumbs = self._assembled()
         except Exception:  # noqa: BLE001 -- a background failure: made again here
             logger.exception("video thumbnails: background job failed")
             with self._lock:
@@ -130,16 +145,33 @@ class FrameThumbs:
         if not all(job.done() for job in self._jobs) or \
                 any(job.exception() is not None for job in self._jobs):
             return  # not the last, or one failed: all() makes them again
-        thumbs = np.concatenate([job.result() for job in self._jobs])
+        thumbs = self._assembled()
         with self._lock:
             if self._thumbs is None:
                 self._thumbs, self._frames, self._some = thumbs, None, {}
+
+    def _assembled(self) -> np.ndarray:
+        """The jobs' thumbnails in frame order (raises what a job raised)."""
+        out = np.empty(self.shape, np.uint8)
+        for part, job in zip(self._parts, self._jobs):
+            out[part] = job.result()
+        return out
 
 
 def _chunks(count: int) -> list[tuple[int, int]]:
     n = max(1, min(pool_size(), count // MIN_FRAMES_PER_THREAD))
     bounds = np.linspace(0, count, n + 1).astype(int)
     return list(zip(bounds[:-1].tolist(), bounds[1:].tolist()))
+
+
+def probe_indices(count: int) -> list[int]:
+    """The frames a candidate is probed on first: the first, the middle and the last."""
+    return sorted({0, count // 2, count - 1}) if count else []
+
+
+def lookup_indices(count: int) -> list[int]:
+    """The frames a lookup reads of a query clip: the coarse order's and the probes'."""
+    return sorted(set(coarse_indices(count)) | set(probe_indices(count)))
 
 
 def coarse_indices(count: int) -> list[int]:
