@@ -210,17 +210,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     upstream, proxy = f"http://127.0.0.1:{up_port}", f"http://127.0.0.1:{px_port}"
     sets = {"model_revision": "dummy-weights", "enable_image_embedding": "true",
             "log_requests": "false", "store_path": str(work / "store")}
-    redis = None
-    if args.workers > 1:
-        from vlmcache.testing.redis_server import RedisServer
-
-        redis = RedisServer(maxmemory="1gb")
-        redis.start()
-        sets.update({"redis_url": redis.url, "redis_sync_interval_s": "0.2"})
-    procs = [_start([sys.executable, "-m", "uvicorn",
-                     "vlmcache_lab.front_capacity:instant_upstream", "--port", str(up_port),
-                     "--log-level", "warning"], work / "up.log", upstream)]
+    redis: Any = None
+    procs: list[subprocess.Popen[bytes]] = []
     try:
+        if args.workers > 1:  # the workers share their tiers through a loopback Redis
+            from vlmcache.testing.redis_server import RedisServer
+
+            redis = RedisServer(maxmemory="1gb")
+            redis.start()
+            sets.update({"redis_url": redis.url, "redis_sync_interval_s": "0.2"})
+        procs.append(_start([sys.executable, "-m", "uvicorn",
+                             "vlmcache_lab.front_capacity:instant_upstream", "--port",
+                             str(up_port), "--log-level", "warning"], work / "up.log", upstream))
         procs.append(_start([sys.executable, "-m", "vlmcache.cli", "proxy", args.model,
                              "--upstream", upstream, "--port", str(px_port),
                              "--workers", str(args.workers),
