@@ -52,6 +52,14 @@ def test_more_than_one_worker_needs_shared_records_in_redis(tmp_path):
     assert proc.returncode != 0 and "redis_url" in proc.stderr, proc.stderr
     assert "Traceback" not in proc.stderr
     proc = subprocess.run([sys.executable, "-m", "vlmcache.cli", "proxy", str(tmp_path / "m"),
+                           "--upstream", "http://127.0.0.1:9", "--workers", "2",
+                           "--vlmcache-set", f"store_path={tmp_path / 's'}",
+                           "--vlmcache-set", "redis_url=redis://127.0.0.1:9/0"],
+                          capture_output=True, text=True, timeout=120)
+    # a model directory without weights or model_revision: said once, before any worker
+    assert proc.returncode != 0 and "model_revision" in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr and "proxy-workers" not in proc.stderr
+    proc = subprocess.run([sys.executable, "-m", "vlmcache.cli", "proxy", str(tmp_path / "m"),
                            "--upstream", "http://127.0.0.1:9", "--workers", "0"],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode != 0 and "proxy_workers" in proc.stderr and "[1, 256]" in proc.stderr

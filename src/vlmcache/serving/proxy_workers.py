@@ -138,6 +138,11 @@ def run_workers(model: str, config: VlmCacheConfig, media_io: Mapping[str, Any],
     import uvicorn
 
     check_workers(config)
+    from vlmcache.vllm.namespace import namespace_for_model
+
+    # what every worker's front needs of the model (its weights' identity, its files):
+    # a bad model or config stops here with its message, not in N restarting workers
+    namespace_for_model(model, with_deployment_salt(config))
     spec = ProxySpec(model, public_config(config), {k: dict(v) for k, v in media_io.items()},
                      list(upstreams), routing)
     run_dir = prepare_run(config, spec)
