@@ -271,6 +271,8 @@ class CascadeFront:
     def _remember(self, req: ParsedRequest, res: Resolution, report: ReuseReport) -> None:
         """Make this request findable: exact record and canonical images/questions."""
         assert req.transcript is not None
+        for ref in req.videos:  # the background thumbnails, waited for outside the lock
+            ref.query.thumbs.all()
         with self._lock:
             self.cascade.record_served(res, req.tenant, report.row_keys, report.prompt_tokens)
             self.cascade.remember(CascadeRequest(
