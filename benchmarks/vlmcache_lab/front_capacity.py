@@ -184,32 +184,11 @@ def measure(args: Any, upstream: str, proxy: str) -> dict[str, Any]:
     return out
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Start the instant upstream and the proxy, measure, write the JSON."""
-    import argparse
-    import os
-    import tempfile
-
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--model", required=True, help="model folder the proxy's front loads")
-    p.add_argument("--clients", default="1,16,64")
-    p.add_argument("--seconds", type=float, default=6.0, help="per tier and client count")
-    p.add_argument("--miss-rps", type=float, default=600.0,
-                   help="new images made per second of a miss run (more: some repeat)")
-    p.add_argument("--gpu-highest-rate", type=float, default=None,
-                   help="the GPU benchmark's highest arrival rate, to compare with")
-    p.add_argument("--workers", type=int, default=1,
-                   help="proxy workers (more than 1: a loopback redis-server is started "
-                   "for them to share through)")
-    p.add_argument("--device", default=None)
-    p.add_argument("--out", default="front-capacity.json")
-    argv = list(sys.argv[1:] if argv is None else argv)
-    args = p.parse_args(argv)
-    work = Path(tempfile.mkdtemp(prefix="front-capacity-"))
+def run_servers(args: Any, work: Path, sets: dict[str, str]) -> dict[str, Any]:
+    """Start the instant upstream, the proxy (and Redis for its workers), measure every
+    tier; ``sets`` gains the Redis URL it was given."""
     up_port, px_port = free_port(), free_port()
     upstream, proxy = f"http://127.0.0.1:{up_port}", f"http://127.0.0.1:{px_port}"
-    sets = {"model_revision": "dummy-weights", "enable_image_embedding": "true",
-            "log_requests": "false", "store_path": str(work / "store")}
     redis: Any = None
     procs: list[subprocess.Popen[bytes]] = []
     try:
@@ -236,6 +215,34 @@ def main(argv: Sequence[str] | None = None) -> int:
             proc.wait(timeout=30)
         if redis is not None:
             redis.stop()
+    return tiers
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Start the instant upstream and the proxy, measure, write the JSON."""
+    import argparse
+    import os
+    import tempfile
+
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", required=True, help="model folder the proxy's front loads")
+    p.add_argument("--clients", default="1,16,64")
+    p.add_argument("--seconds", type=float, default=6.0, help="per tier and client count")
+    p.add_argument("--miss-rps", type=float, default=600.0,
+                   help="new images made per second of a miss run (more: some repeat)")
+    p.add_argument("--gpu-highest-rate", type=float, default=None,
+                   help="the GPU benchmark's highest arrival rate, to compare with")
+    p.add_argument("--workers", type=int, default=1,
+                   help="proxy workers (more than 1: a loopback redis-server is started "
+                   "for them to share through)")
+    p.add_argument("--device", default=None)
+    p.add_argument("--out", default="front-capacity.json")
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = p.parse_args(argv)
+    work = Path(tempfile.mkdtemp(prefix="front-capacity-"))
+    sets = {"model_revision": "dummy-weights", "enable_image_embedding": "true",
+            "log_requests": "false", "store_path": str(work / "store")}
+    tiers = run_servers(args, work, sets)
     max_rps = {t: max(v["rps"] for v in by.values()) for t, by in tiers.items()}
     result = {"command": "python benchmarks/front_capacity.py " + " ".join(argv),
               "device": args.device or f"{os.cpu_count()} CPU cores",
