@@ -133,3 +133,53 @@ def test_colour_layout_sees_colour_and_tolerates_small_shifts():
                                       draw((30, 30, 220), 10)])
     assert emb.dim == 192 and abs(float(np.linalg.norm(red)) - 1) < 1e-5
     assert float(red @ red_moved) > 0.85 > float(red @ blue)
+
+
+def test_a_prefetched_item_is_embedded_once_and_waited_for():
+    import threading
+
+    import numpy as np
+
+    from vlmcache.embedders import Memoized, text_digest
+
+    class Slow:
+        name, dim = "slow", 2
+
+        def __init__(self):
+            self.calls, self.gate = [], threading.Event()
+
+        def embed(self, texts):
+            self.calls.append(list(texts))
+            self.gate.wait(10)
+            return np.array([[len(t), 1.0] for t in texts], np.float32)
+
+    inner = Slow()
+    memo = Memoized(inner, text_digest)
+    memo.prefetch(["abc", "de"])
+    memo.prefetch(["abc"])  # already on its way: not submitted again
+    threading.Timer(0.2, inner.gate.set).start()
+    rows = memo.embed(["de", "abc", "fghi"])  # waits for the two, embeds the new one
+    assert rows[:, 0].tolist() == [2.0, 3.0, 4.0]
+    assert inner.calls == [["abc", "de"], ["fghi"]]
+
+
+def test_a_failed_prefetch_is_embedded_on_the_asking_thread():
+    import numpy as np
+
+    from vlmcache.embedders import Memoized, text_digest
+
+    class Flaky:
+        name, dim = "flaky", 1
+
+        def __init__(self):
+            self.calls = 0
+
+        def embed(self, texts):
+            self.calls += 1
+            if self.calls == 1:
+                raise RuntimeError("injected")
+            return np.ones((len(texts), 1), np.float32)
+
+    memo = Memoized(Flaky(), text_digest)
+    memo.prefetch(["x"])
+    assert memo.embed(["x"]).shape == (1, 1)

@@ -105,3 +105,55 @@ def test_scopes_are_searched_alone(tmp_path, embedder):
     tier.record(_q("What color is the car?", tenant="acme"))
     assert tier.lookup(_q("What color is the car?"), LAYERS).match is None
     assert tier.lookup(_q("What color is the car?", tenant="acme"), LAYERS).match is not None
+
+
+def test_a_scope_with_nothing_recorded_is_not_embedded(tmp_path, embedder):
+    """A new image's first question cannot match: no embedding is paid for it."""
+    class Counting:
+        dim = embedder.dim
+
+        def __init__(self):
+            self.texts = 0
+
+        def embed(self, texts, keys=None):
+            self.texts += len(texts)
+            return embedder.embed(texts)
+
+    counting = Counting()
+    tier = SemanticTextTier(tmp_path, NS, counting, {QUESTION_LAYER: 0.85,
+                                                     PROMPT_LAYER: 0.85}, True)
+    assert tier.lookup(_q("What color is the car?"), LAYERS).match is None
+    assert counting.texts == 0
+    tier.record(_q("What color is the car?"))
+    recorded = counting.texts
+    other = _q("Which colour is the vehicle?", context=image_context(["img-b"]))
+    assert tier.lookup(other, LAYERS).match is None and counting.texts == recorded
+    assert tier.lookup(_q("Which colour is the vehicle?"), LAYERS).match is not None
+    assert counting.texts == recorded + 2  # both layers, where something is recorded
+
+
+def test_an_unsearched_scope_s_texts_are_embedded_in_the_background_for_the_record(
+        tmp_path, embedder):
+    import time
+
+    class Counting:
+        name, dim = "counting", embedder.dim
+
+        def __init__(self):
+            self.texts = []
+
+        def embed(self, texts):
+            self.texts += list(texts)
+            return embedder.embed(texts)
+
+    counting = Counting()
+    tier = SemanticTextTier(tmp_path, NS, Memoized(counting, text_digest),
+                            {QUESTION_LAYER: 0.85, PROMPT_LAYER: 0.85}, True)
+    query = _q("How many wheels does it have?")
+    assert tier.lookup(query, LAYERS).match is None
+    deadline = time.monotonic() + 30
+    while len(counting.texts) < 2:  # both layers' texts, off the lookup's path
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    tier.record(query)  # the prefetched vectors: nothing embedded again
+    assert sorted(counting.texts) == sorted([query.question, strip_placeholders(query.prompt)])

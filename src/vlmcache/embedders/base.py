@@ -9,10 +9,12 @@ from __future__ import annotations
 import hashlib
 import threading
 from collections import OrderedDict
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import (
     Any,
     Callable,
     Generic,
+    Iterable,
     Protocol,
     Sequence,
     TypeVar,
@@ -77,6 +79,7 @@ class Memoized(Generic[T]):
         self._digest = digest
         self._max = max_entries
         self._memo: OrderedDict[str, np.ndarray] = OrderedDict()
+        self._pending: dict[str, Future[dict[str, np.ndarray]]] = {}
         self._lock = threading.Lock()
 
     @property
@@ -84,21 +87,64 @@ class Memoized(Generic[T]):
         return self.inner.dim
 
     def embed(self, items: Sequence[T], digests: Sequence[str] | None = None) -> np.ndarray:
-        """Rows for ``items``; ``digests`` (same order) skips re-hashing when known."""
+        """Rows for ``items``; ``digests`` (same order) skips re-hashing when known. An item
+        being embedded in the background (:meth:`prefetch`) is waited for, not redone."""
         keys = list(digests) if digests is not None else [self._digest(i) for i in items]
         with self._lock:
             found = {k: self._memo[k] for k in keys if k in self._memo}
+            waits = {self._pending[k] for k in keys if k not in found and k in self._pending}
+        for job in waits:
+            try:
+                found.update({k: v for k, v in job.result().items() if k in keys})
+            except Exception:  # noqa: BLE001 -- the background failed: embedded below
+                pass
         todo = [(k, item) for k, item in zip(keys, items) if k not in found]
         unique = dict(todo)
         if unique:
-            rows = self.inner.embed(list(unique.values()))
-            fresh = dict(zip(unique, rows))
-            found.update(fresh)
-            with self._lock:
-                self._memo.update(fresh)
-                while len(self._memo) > self._max:
-                    self._memo.popitem(last=False)
+            found.update(self._embed_new(unique))
         return np.stack([found[k] for k in keys]).astype(np.float32)
+
+    def prefetch(self, items: Sequence[T], digests: Sequence[str] | None = None) -> None:
+        """Embed ``items`` on a background thread (into the memo): for what is likely to be
+        embedded later (a request's record, after the engine answered), off the request's
+        path."""
+        keys = list(digests) if digests is not None else [self._digest(i) for i in items]
+        with self._lock:
+            todo = {k: item for k, item in zip(keys, items)
+                    if k not in self._memo and k not in self._pending}
+            if not todo:
+                return
+            job = _background().submit(self._embed_new, todo)
+            for k in todo:
+                self._pending[k] = job
+        job.add_done_callback(lambda _: self._settled(todo))
+
+    def _settled(self, keys: Iterable[str]) -> None:
+        with self._lock:
+            for k in keys:
+                self._pending.pop(k, None)
+
+    def _embed_new(self, unique: dict[str, T]) -> dict[str, np.ndarray]:
+        rows = self.inner.embed(list(unique.values()))
+        fresh = dict(zip(unique, rows))
+        with self._lock:
+            self._memo.update(fresh)
+            while len(self._memo) > self._max:
+                self._memo.popitem(last=False)
+        return fresh
+
+
+_BACKGROUND: ThreadPoolExecutor | None = None
+_BACKGROUND_LOCK = threading.Lock()
+
+
+def _background() -> ThreadPoolExecutor:
+    """One thread for prefetched embeddings (the model's own threads do the math)."""
+    global _BACKGROUND
+    with _BACKGROUND_LOCK:
+        if _BACKGROUND is None:
+            _BACKGROUND = ThreadPoolExecutor(1, thread_name_prefix="vlmcache-embed")
+        return _BACKGROUND
 
 
 class LazyModel:

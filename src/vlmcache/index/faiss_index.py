@@ -159,6 +159,11 @@ class VectorIndex:
             row = self._by_key.get(key)
             return None if row is None else self._rows[row]
 
+    def has_scope(self, scope: str) -> bool:
+        """Whether ``scope`` has a live entry (a search there can find something)."""
+        with self._lock:
+            return bool(self._scopes.get(scope))
+
     def search_scope(self, vector: np.ndarray, scope: str, k: int = 1) -> list[SearchHit]:
         """The ``k`` best live entries of ``scope``, best first (no scan of other scopes)."""
         vec = np.ascontiguousarray(np.asarray(vector, np.float32).reshape(1, self.dim))
