@@ -139,12 +139,12 @@ _BACKGROUND_LOCK = threading.Lock()
 
 
 def _background() -> ThreadPoolExecutor:
-    """The threads of prefetched embeddings: two, so that a burst of new questions does
-    not queue behind one (the model's own threads do the math)."""
+    """The thread of prefetched embeddings (one: the text model takes one call at a time;
+    its own threads do the math)."""
     global _BACKGROUND
     with _BACKGROUND_LOCK:
         if _BACKGROUND is None:
-            _BACKGROUND = ThreadPoolExecutor(2, thread_name_prefix="vlmcache-embed")
+            _BACKGROUND = ThreadPoolExecutor(1, thread_name_prefix="vlmcache-embed")
         return _BACKGROUND
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 from typing import Any, Sequence
 
 import numpy as np
@@ -29,6 +30,9 @@ class MiniLMEmbedder:
         self.model_path = model_path
         self.batch_size = batch_size
         self._model = LazyModel(self._load)
+        # one call at a time: a fast tokenizer's padding/truncation state is not
+        # thread-safe ("Already borrowed"), and a background prefetch runs beside lookups
+        self._lock = threading.Lock()
 
     def _load(self) -> Any:
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -50,8 +54,9 @@ class MiniLMEmbedder:
         if not texts:
             return np.zeros((0, self.dim), dtype=np.float32)
         model = self._model.get()
-        rows = model.encode(list(texts), batch_size=self.batch_size, convert_to_numpy=True,
-                            normalize_embeddings=True, show_progress_bar=False)
+        with self._lock:
+            rows = model.encode(list(texts), batch_size=self.batch_size, convert_to_numpy=True,
+                                normalize_embeddings=True, show_progress_bar=False)
         return normalize_rows(rows)
 
 
