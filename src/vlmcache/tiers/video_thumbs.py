@@ -74,6 +74,7 @@ class FrameThumbs:
     def from_frames(cls, frames: Any) -> "FrameThumbs":
         """Start the thumbnails of ``frames``: first the ones a lookup reads
         (:func:`lookup_indices`), then the rest in chunks."""
+        frames = np.asarray(frames)  # (T, H, W, 3): the jobs index it by frame lists
         out = cls(len(frames), frames=frames)
         first = lookup_indices(len(frames))
         rest = [i for i in range(len(frames)) if i not in set(first)]
