@@ -13,9 +13,12 @@ wait_s=${WAIT_S:-540}
 video_args=${VIDEO_ARGS:-"--model benchmarks/geometries/qwen2vl7b --dummy-weights \
   --shape qwen2vl7b-h200 --frames 60 --clips 6 --stream-requests 8 --image-frames 0 \
   --max-model-len 16384 --max-num-batched-tokens 16384 --gpu-memory-utilization 0.85"}
+# --proxy-workers 8: the front's one-process ceiling (~50 req/s) was ours' cap in the
+# 2026-11-28 run; rates reach past plain's saturation (LLaVA ~55 req/s; Qwen > 24)
 serve_args=${SERVE_ARGS:-"--phase-s 10 --drain-s 8 --pause-s 2 --ours-layout proxy \
-  --budget-s 265"}
-serve_shapes=${SERVE_SHAPES:-"qwen2vl7b:6,10,14,18,24 llava7b:24,36,48,60,72"}
+  --proxy-workers 8 --budget-s 265"}
+serve_shapes=${SERVE_SHAPES:-"qwen2vl7b:12,24,36,48,72 llava7b:36,60,90,120,150"}
+export FRONT_WORKERS=${FRONT_WORKERS:-"1 8"}  # gpu_serve.sh: front_capacity per count
 
 pack_logs() {  # everything but the JSON results into one tarball (the 8-file limit)
   (cd "${OUT:-/tmp}" && ls | grep -v '\.json$' > /tmp/pack.lst; \
