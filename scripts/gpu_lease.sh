@@ -18,7 +18,8 @@ video_args=${VIDEO_ARGS:-"--model benchmarks/geometries/qwen2vl7b --dummy-weight
 serve_args=${SERVE_ARGS:-"--phase-s 10 --drain-s 8 --pause-s 2 --ours-layout proxy \
   --proxy-workers 8 --budget-s 265"}
 serve_shapes=${SERVE_SHAPES:-"qwen2vl7b:12,24,36,48,72 llava7b:36,60,90,120,150"}
-export FRONT_WORKERS=${FRONT_WORKERS:-"1 8"}  # gpu_serve.sh: front_capacity per count
+# FRONT_WORKERS="1 8" (exported) adds front_capacity runs after the shapes: ~3 min more,
+# past the pair step's wait unless the shapes' --budget-s leaves room
 
 pack_logs() {  # everything but the JSON results into one tarball (the 8-file limit)
   (cd "${OUT:-/tmp}" && ls | grep -v '\.json$' > /tmp/pack.lst; \
