@@ -202,3 +202,14 @@ def test_proxy_with_two_workers_serves_the_openai_client(tmp_path, live_redis, e
     assert proc.returncode == 0, out
     assert not list((store / WORKERS_DIR).glob("run-*"))  # the run directory is removed
 
+
+
+def test_a_dead_workers_live_gauges_are_found(tmp_path):
+    from vlmcache.serving.proxy_workers import dead_worker_pids
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True).stdout.strip()
+    for name in (f"gauge_livesum_{dead}.db", f"gauge_livesum_{os.getpid()}.db",
+                 f"counter_{dead}.db", "gauge_livesum_x.db"):
+        (tmp_path / name).write_bytes(b"")
+    assert dead_worker_pids(tmp_path) == [int(dead)]

@@ -190,11 +190,37 @@ def _read_spec() -> ProxySpec:
 
 def _multiprocess_registry() -> Any:
     """A registry that adds up every worker's collectors (``None``: not in multiprocess
-    mode, the default registry serves)."""
-    if not os.environ.get(MULTIPROC_ENV):
+    mode, the default registry serves). Live gauges of workers no longer running (one
+    killed and replaced) are dropped first, and this worker's at its exit."""
+    directory = os.environ.get(MULTIPROC_ENV)
+    if not directory:
         return None
     from prometheus_client import CollectorRegistry, multiprocess
 
+    for pid in dead_worker_pids(Path(directory)):
+        multiprocess.mark_process_dead(pid, directory)
+    atexit.register(multiprocess.mark_process_dead, os.getpid(), directory)
     registry = CollectorRegistry()
     multiprocess.MultiProcessCollector(registry)
     return registry
+
+
+def dead_worker_pids(directory: Path) -> list[int]:
+    """Pids with live-gauge files in ``directory`` whose process is gone."""
+    pids = set()
+    for path in directory.glob("gauge_live*_*.db"):
+        try:
+            pids.add(int(path.stem.rsplit("_", 1)[1]))
+        except ValueError:
+            continue
+    return sorted(pid for pid in pids if not _alive(pid))
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
