@@ -83,13 +83,19 @@ def serve_command(model: str, config: VlmCacheConfig, vllm_args: Sequence[str],
 def media_io_kwargs_of(vllm_args: Sequence[str]) -> dict[str, dict[str, object]]:
     """The ``--media-io-kwargs`` among vLLM's arguments (the front decodes videos as the
     engine will); ``{}`` when not given."""
-    value = None
+    values = _flag_values(vllm_args, "--media-io-kwargs")
+    return parse_media_io_kwargs(values[-1] if values else None, "--media-io-kwargs")
+
+
+def _flag_values(vllm_args: Sequence[str], flag: str) -> list[str]:
+    """Every value ``flag`` is given among vLLM's arguments (``--flag V`` or ``--flag=V``)."""
+    values = []
     for k, arg in enumerate(vllm_args):
-        if arg == "--media-io-kwargs" and k + 1 < len(vllm_args):
-            value = vllm_args[k + 1]
-        elif arg.startswith("--media-io-kwargs="):
-            value = arg.split("=", 1)[1]
-    return parse_media_io_kwargs(value, "--media-io-kwargs")
+        if arg == flag and k + 1 < len(vllm_args):
+            values.append(vllm_args[k + 1])
+        elif arg.startswith(flag + "="):
+            values.append(arg.split("=", 1)[1])
+    return values
 
 
 def parse_media_io_kwargs(value: str | None, flag: str) -> dict[str, dict[str, object]]:
@@ -110,11 +116,8 @@ def parse_media_io_kwargs(value: str | None, flag: str) -> dict[str, dict[str, o
 def _check_one_api_server(vllm_args: Sequence[str]) -> None:
     """Refuse ``--api-server-count`` above 1: the server module vlmcache runs starts one API
     server process (vLLM would ignore the flag), and each would hold its own front."""
-    for k, arg in enumerate(vllm_args):
-        value = arg.split("=", 1)[1] if arg.startswith("--api-server-count=") else (
-            vllm_args[k + 1] if arg == "--api-server-count" and k + 1 < len(vllm_args)
-            else None)
-        if value is not None and value.strip() not in ("0", "1"):
+    for value in _flag_values(vllm_args, "--api-server-count"):
+        if value.strip() not in ("0", "1"):
             raise ValueError(f"--api-server-count {value}: vlmcache serve runs one API server "
                              "process; for more front processes run `vlmcache proxy --workers "
                              "N` before `vlmcache serve --vlmcache-no-front`")

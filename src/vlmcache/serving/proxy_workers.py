@@ -28,7 +28,7 @@ import json
 import logging
 import os
 import shutil
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -55,9 +55,7 @@ class ProxySpec:
     routing: str | None
 
     def to_json(self) -> str:
-        return json.dumps({"model": self.model, "config": self.config,
-                           "media_io_kwargs": self.media_io_kwargs,
-                           "upstreams": self.upstreams, "routing": self.routing}, indent=1)
+        return json.dumps(asdict(self), indent=1)
 
     @classmethod
     def from_json(cls, text: str) -> "ProxySpec":

@@ -120,11 +120,10 @@ class SemanticTextTier:
         them: a sentence embedding on the CPU is the dearest part of a miss (~10-60 ms)."""
         scope = query_scope(query)
         searched = [layer for layer in layers if self.indexes[layer].has_scope(scope)]
-        if len(searched) < len(layers):  # what the record will embed, while the engine works
-            prefetch = getattr(self.embedder, "prefetch", None)
-            if prefetch is not None:
-                prefetch([self._texts(query)[layer] for layer in layers
-                          if layer not in searched])
+        prefetch = getattr(self.embedder, "prefetch", None)
+        if len(searched) < len(layers) and prefetch is not None:
+            texts = self._texts(query)  # what the record will embed, while the engine works
+            prefetch([texts[layer] for layer in layers if layer not in searched])
         if not searched:
             return TextLookup(None, {}, ())
         layers = searched
@@ -184,8 +183,7 @@ class SemanticTextTier:
     def record(self, query: TextQuery) -> None:
         """Remember ``query`` as a canonical question/prompt for its context."""
         aux = json.dumps({"question": query.question})
-        texts = {QUESTION_LAYER: query.question, PROMPT_LAYER: strip_placeholders(query.prompt)}
-        # (the same texts as _texts: a lookup's prefetch is this record's embedding)
+        texts = self._texts(query)  # a lookup's prefetch is this record's embedding
         vecs = self.embedder.embed(list(texts.values()))
         for (layer, text), vec in zip(texts.items(), vecs):
             key = self._key(layer, text, query)

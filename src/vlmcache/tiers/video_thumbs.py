@@ -5,9 +5,9 @@ The near-duplicate tier verifies a video on 64 px thumbnails of its sampled fram
 first sight of a clip waited for all of them. A lookup needs only a few: the coarse order
 (:data:`COARSE_FRAMES` frames) and the probes; all of them only when a candidate passes its
 probes (a near-duplicate: then the whole clip is verified) or when the clip is recorded as
-canonical, after the engine answered. :class:`FrameThumbs` starts all of them on a
-background thread as soon as the frames are decoded (the frames are let go when it is
-done, within that time) and makes the few a lookup asks for on the asking thread.
+canonical, after the engine answered. :class:`FrameThumbs` starts all of them on
+background threads as soon as the frames are decoded, the lookup's few first (the frames
+are let go when they are done).
 
 The thumbnails are the same bytes either way: each frame's thumbnail depends on that
 frame alone (``tests/tiers/test_video_thumbs.py``).
@@ -53,15 +53,14 @@ class FrameThumbs:
 
     :meth:`ready` wraps thumbnails already made; :meth:`from_frames` starts making them in
     the background, in chunks on the thumbnail threads, and holds the frames until then.
-    :meth:`take` gives some frames' (made on the calling thread unless done), :meth:`all`
-    every frame's (waiting for the background)."""
+    :meth:`take` gives some frames' (the first job's when it made them), :meth:`all` every
+    frame's (waiting for the background)."""
 
     def __init__(self, count: int, thumbs: np.ndarray | None = None,
                  frames: Any = None) -> None:
         self.count = count
         self._thumbs = thumbs
         self._frames = frames
-        self._some: dict[int, np.ndarray] = {}
         self._jobs: list[Future[np.ndarray]] = []
         self._parts: list[list[int]] = []  # the frames each job makes
         self._lock = threading.Lock()
@@ -102,26 +101,14 @@ class FrameThumbs:
 
     def take(self, indices: Sequence[int]) -> np.ndarray:
         """The thumbnails of ``indices`` (``(len(indices), 3, 64, 64)``): from the first
-        background job when it makes them all (a lookup's frames), else made here."""
-        with self._lock:
-            if self._thumbs is not None:
-                return self._thumbs[list(indices)]
-        if self._parts and {int(i) for i in indices} <= set(self._parts[0]):
+        background job when it makes them all (a lookup's frames), else from the whole."""
+        if self._thumbs is None and self._parts and \
+                {int(i) for i in indices} <= set(self._parts[0]):
             try:
                 first = dict(zip(self._parts[0], self._jobs[0].result()))
                 return np.stack([first[int(i)] for i in indices])
-            except Exception:  # noqa: BLE001 -- made here below
+            except Exception:  # noqa: BLE001 -- all() makes them again
                 logger.exception("video thumbnails: background job failed")
-        with self._lock:
-            missing = sorted({int(i) for i in indices} - set(self._some))
-            frames = self._frames
-        if missing and frames is not None:
-            made = frame_thumbnails(frames[missing])
-            with self._lock:
-                self._some.update(zip(missing, made))
-        with self._lock:
-            if self._thumbs is None and all(int(i) in self._some for i in indices):
-                return np.stack([self._some[int(i)] for i in indices])
         return self.all()[list(indices)]
 
     def all(self) -> np.ndarray:
@@ -137,10 +124,9 @@ class FrameThumbs:
             thumbs = frame_thumbnails(frames) if frames is not None else None
         with self._lock:
             if self._thumbs is None and thumbs is not None:
-                self._thumbs, self._frames, self._some = thumbs, None, {}
+                self._thumbs, self._frames = thumbs, None
             assert self._thumbs is not None
             return self._thumbs
-
 
     def _job_done(self, _: "Future[np.ndarray]") -> None:
         if not all(job.done() for job in self._jobs) or \
@@ -149,7 +135,7 @@ class FrameThumbs:
         thumbs = self._assembled()
         with self._lock:
             if self._thumbs is None:
-                self._thumbs, self._frames, self._some = thumbs, None, {}
+                self._thumbs, self._frames = thumbs, None
 
     def _assembled(self) -> np.ndarray:
         """The jobs' thumbnails in frame order (raises what a job raised)."""
