@@ -5,6 +5,10 @@
 #   bash scripts/gpu_lease.sh pair       # waits: video bench on GPU 0 beside the serving load
 #                                        # bench on GPU 1; then starts the replicas bench
 #   bash scripts/gpu_lease.sh replicas   # waits for the replicas bench
+# On a 1-GPU machine (2-GPU kinds withheld) the same runs go one after the other:
+#   bash scripts/gpu_lease.sh one-serve   # the serving load bench (both shapes), waits
+#   bash scripts/gpu_lease.sh one-video   # waits for it, then the video bench, waits
+#   bash scripts/gpu_lease.sh one-front   # waits for video; front_capacity (FRONT_WORKERS)
 # Each step waits at most WAIT_S (default 540) and leaves at most 8 files in $OUT (logs in
 # one tarball). VIDEO_ARGS / SERVE_ARGS / SERVE_SHAPES / REPLICAS_ARGS override the runs.
 set -uo pipefail
@@ -52,5 +56,38 @@ case "${1:-}" in
     bash scripts/gpu_replicas.sh wait "$wait_s"
     pack_logs replicas
     ;;
-  *) echo "usage: $0 tp2 | pair | replicas"; exit 2 ;;
+  one-serve)
+    # shellcheck disable=SC2086
+    ARGS="$serve_args" bash scripts/gpu_serve.sh start $serve_shapes
+    bash scripts/gpu_serve.sh wait "$wait_s"
+    pack_logs serve
+    ;;
+  one-video)
+    started=$SECONDS
+    bash scripts/gpu_serve.sh wait "$wait_s"
+    if [ -e /root/serve-out/done ]; then
+      pack_logs serve
+      # shellcheck disable=SC2086
+      bash scripts/gpu_video.sh start $video_args
+      bash scripts/gpu_video.sh wait $((wait_s - (SECONDS - started)))
+      pack_logs video
+    fi
+    ;;
+  one-front)
+    bash scripts/gpu_video.sh wait "$wait_s"
+    pack_logs video
+    for n in ${FRONT_WORKERS:-8}; do
+      # Redis as gpu_serve.sh unpacked it (this call carries no bundle)
+      (r=/root/serve-redis/redis && cd /root/serve-code && \
+       PATH=$r:$PATH PYTHONPATH=/root/site:$r/py:/root/serve-code/src:/root/serve-code/benchmarks \
+       python benchmarks/front_capacity.py --model benchmarks/geometries/qwen2vl7b \
+         --clients 1,16,64 --seconds 2.5 --miss-rps 500 --workers "$n" \
+         --gpu-highest-rate "${FRONT_GPU_RATE:-120}" \
+         --device "NVIDIA H200 machine's CPUs ($(nproc) cores)" \
+         --out "${OUT:-/tmp}/front-capacity-w$n.json" > "${OUT:-/tmp}/log-front-w$n.txt" 2>&1)
+      tail -n 5 "${OUT:-/tmp}/log-front-w$n.txt"
+    done
+    pack_logs front
+    ;;
+  *) echo "usage: $0 tp2 | pair | replicas | one-serve | one-video | one-front"; exit 2 ;;
 esac
