@@ -284,7 +284,9 @@ class VlmCacheConfig:
     redis_password_env: str = "VLMCACHE_REDIS_PASSWORD"
     redis_tls_ca_file: str | None = None
     redis_prefix: str = "vlmcache"
-    redis_timeout_ms: float = 5.0
+    # 5 ms timed out against a healthy loopback Redis under the GPU host's load (proxy
+    # workers, engine, clients on 16 cores), each time taking the link down: 20 ms
+    redis_timeout_ms: float = 20.0
     redis_connect_timeout_ms: float = 20.0
     redis_backoff_max_s: float = 5.0
     redis_kv_budget: int = 4 * GiB

@@ -10,7 +10,7 @@ from vlmcache.errors import ConfigError
 
 def test_defaults_keep_everything_local():
     cfg = VlmCacheConfig()
-    assert cfg.redis_url is None and cfg.redis_timeout_ms == 5.0
+    assert cfg.redis_url is None and cfg.redis_timeout_ms == 20.0
 
 
 @pytest.mark.parametrize("url, words", [

@@ -104,6 +104,12 @@ class Memoized(Generic[T]):
             found.update(self._embed_new(unique))
         return np.stack([found[k] for k in keys]).astype(np.float32)
 
+    def warm_up(self, sample: T) -> None:
+        """Load the inner embedder's weights now by embedding ``sample`` (not memoized):
+        a server calls this before it takes requests, so that its first ones (in every
+        worker process) do not each wait seconds for a lazy load."""
+        self.inner.embed([sample])
+
     def prefetch(self, items: Sequence[T], digests: Sequence[str] | None = None) -> None:
         """Embed ``items`` on a background thread (into the memo): for what is likely to be
         embedded later (a request's record, after the engine answered), off the request's

@@ -104,6 +104,7 @@ class CascadeFront:
         sampling = VideoSampling(dict(media_io_kwargs or {}), video_processor_name(model))
         front = cls(config, build_cascade(config, digest), responses, metrics, sampling)
         front.mixes_frames = encoder_mixes_frames(model)
+        warm_up(front.cascade)
         return front
 
     # ---- before the engine ---------------------------------------------------------------
@@ -351,3 +352,24 @@ def _tiers_on(config: VlmCacheConfig) -> list[str]:
              ("encoder", config.enable_encoder_cache), ("kv_load", config.enable_kv_load),
              ("kv_save", config.enable_kv_save)]
     return [name for name, on in flags if on] or ["none"]
+
+
+def warm_up(cascade: Cascade) -> None:
+    """Load the similarity tiers' embedders before the server takes requests. They load
+    lazily, so without this the first requests after a start (in each proxy worker) wait
+    seconds for the weights. A failure is logged and left to the first request (a miss)."""
+    started = time.perf_counter()
+    try:
+        if cascade.text is not None:
+            cascade.text.embedder.warm_up("warm up")
+        if cascade.image is not None:
+            from PIL import Image
+
+            cascade.image.embedder.warm_up(Image.new("RGB", (64, 64), (127, 127, 127)))
+    except Exception as exc:  # noqa: BLE001 -- a cache fault is a miss, never a failed start
+        logger.warning("vlmcache front: embedder warm-up failed (%s: %s); the first request "
+                       "loads it", type(exc).__name__, exc)
+        return
+    if cascade.text is not None or cascade.image is not None:
+        logger.info("vlmcache front: embedders loaded in %.1f s",
+                    time.perf_counter() - started)
