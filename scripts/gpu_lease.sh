@@ -18,10 +18,11 @@ video_args=${VIDEO_ARGS:-"--model benchmarks/geometries/qwen2vl7b --dummy-weight
   --shape qwen2vl7b-h200 --frames 60 --clips 6 --stream-requests 8 --image-frames 0 \
   --max-model-len 16384 --max-num-batched-tokens 16384 --gpu-memory-utilization 0.85"}
 # --proxy-workers 8: the front's one-process ceiling (~50 req/s) was ours' cap in the
-# 2026-11-28 run; rates reach past plain's saturation (LLaVA ~55 req/s; Qwen > 24)
+# 2026-11-28 run. Rates of the 2026-11-29 1-GPU run (plain saturates near 50-60 req/s on
+# LLaVA, 30-35 on Qwen; ours near 74 / 54); Qwen gains 56 between 40 and 72
 serve_args=${SERVE_ARGS:-"--phase-s 10 --drain-s 8 --pause-s 2 --ours-layout proxy \
-  --proxy-workers 8 --budget-s 265"}
-serve_shapes=${SERVE_SHAPES:-"qwen2vl7b:12,24,36,48,72 llava7b:36,60,90,120,150"}
+  --proxy-workers 8 --budget-s 360"}
+serve_shapes=${SERVE_SHAPES:-"llava7b:12,56,84,112 qwen2vl7b:8,40,56,72"}
 # FRONT_WORKERS="1 8" (exported) adds front_capacity runs after the shapes: ~3 min more,
 # past the pair step's wait unless the shapes' --budget-s leaves room
 

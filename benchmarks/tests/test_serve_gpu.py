@@ -169,6 +169,8 @@ def test_run_phase_is_open_loop_and_reads_ttft_tier_and_tokens() -> None:
     assert all(r["cached_tokens"] == 64 and r["front_ms"] == 4.0 for r in rows)
     breakdown = summarize(rows, 1.0, Slo(), miss_ids={0, 1})
     assert (breakdown["miss_front_ms_p50"], breakdown["miss_cached_tokens_mean"]) == (4.0, 64.0)
+    assert breakdown["miss_front_stages_ms"] == {"cascade": {"p50": 2.5, "p99": 2.5},
+                                                 "decode": {"p50": 1.5, "p99": 1.5}}
     assert wall < 2.0  # closed loop one at a time would take >= 5 s
     # no visible text, no usage: answered, TTFT at the finish chunk
     assert all(r["status"] == 200 and r["ttft_ms"] >= 500 and r["ttft_by"] == "finish"

@@ -235,6 +235,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--workers", type=int, default=1,
                    help="proxy workers (more than 1: a loopback redis-server is started "
                    "for them to share through)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="more front config (e.g. enable_semantic_text=true)")
     p.add_argument("--device", default=None)
     p.add_argument("--out", default="front-capacity.json")
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -242,6 +244,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     work = Path(tempfile.mkdtemp(prefix="front-capacity-"))
     sets = {"model_revision": "dummy-weights", "enable_image_embedding": "true",
             "log_requests": "false", "store_path": str(work / "store")}
+    for item in args.set:
+        key, sep, value = item.partition("=")
+        if not sep:
+            p.error(f"--set {item!r}: expected KEY=VALUE")
+        sets[key] = value
     tiers = run_servers(args, work, sets)
     max_rps = {t: max(v["rps"] for v in by.values()) for t, by in tiers.items()}
     result = {"command": "python benchmarks/front_capacity.py " + " ".join(argv),

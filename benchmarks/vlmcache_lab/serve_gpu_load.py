@@ -81,7 +81,8 @@ def _on_line(row: dict[str, Any], line: str, t0: float) -> None:
             row[key] = int(report.get(key) or 0)  # where the engine's prompt tokens came from
         stages = report.get("front_ms")
         if isinstance(stages, dict):  # the front's own time on this request
-            row["front_ms"] = float(sum(v for v in stages.values() if isinstance(v, (int, float))))
+            own = {k: float(v) for k, v in stages.items() if isinstance(v, (int, float))}
+            row["front_ms"], row["front_stages"] = float(sum(own.values())), own
 
 
 def first_token_mark(chunk: dict[str, Any]) -> str | None:
@@ -170,7 +171,13 @@ def miss_breakdown(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
     the prompt tokens vLLM's prefix cache held (both arms, the same requests)."""
     front = [r["front_ms"] for r in rows if r.get("front_ms") is not None]
     cached = [r["cached_tokens"] for r in rows if r.get("cached_tokens") is not None]
+    stages: dict[str, list[float]] = {}
+    for r in rows:
+        for k, v in (r.get("front_stages") or {}).items():
+            stages.setdefault(k, []).append(v)
     return {"miss_front_ms_p50": _pct(front, 50), "miss_front_ms_p99": _pct(front, 99),
+            "miss_front_stages_ms": {k: {"p50": _pct(v, 50), "p99": _pct(v, 99)}
+                                     for k, v in sorted(stages.items())},
             "miss_cached_tokens_mean": round(float(np.mean(cached)), 1) if cached else None}
 
 

@@ -135,8 +135,12 @@ class VlmCacheConfig:
         proxy_down_s: under affinity, how long an upstream that refused a connection is
             passed over.
         proxy_workers: front processes of ``vlmcache proxy`` on its one port (one process
-            tops out near 50 image misses per second); more than 1 needs ``redis_url``
+            tops out near 80 image misses per second); more than 1 needs ``redis_url``
             (with ``redis_share_records``): the workers share their tiers through it.
+        record_wait_ms: longest a lookup waits for the records of answers already sent
+            (so that a sequential client's next request finds them); past it the lookup goes
+            on (a variant of a request still being recorded may miss), counted in
+            ``vlmcache_front_record_waits_cut_total``.
         max_images_per_request: most images one request may carry.
         max_video_bytes: largest encoded video (``video_url`` part) the front accepts.
         max_video_frames: most frames the model's sampling may take from one video.
@@ -278,6 +282,9 @@ class VlmCacheConfig:
     proxy_affinity_factor: float = 2.0
     proxy_down_s: float = 5.0
     proxy_workers: int = 1
+    # under load the record queue can outgrow the recorder, and every lookup waited for
+    # all of it; a bound keeps that a tax of at most this much
+    record_wait_ms: float = 100.0
     # --- end issue 35 ---
     # --- issue 14B: the shared Redis tier ---
     redis_url: str | None = None

@@ -136,6 +136,7 @@ RANGES: dict[str, Range] = {
     "proxy_affinity_factor": Range(1, is_float=True, note="1: no share above the least"),
     "proxy_down_s": Range(0, is_float=True, note="seconds; 0: never passed over"),
     "proxy_workers": Range(1, 256, note="front processes of vlmcache proxy"),
+    "record_wait_ms": Range(0, 60_000, is_float=True, note="0: never wait for records"),
     "max_video_frames": Range(1, note="a positive count"),
     "max_video_pixels": _COUNT,
     "max_video_duration_s": _POSITIVE_S,

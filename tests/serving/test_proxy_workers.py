@@ -213,3 +213,16 @@ def test_a_dead_workers_live_gauges_are_found(tmp_path):
                  f"counter_{dead}.db", "gauge_livesum_x.db"):
         (tmp_path / name).write_bytes(b"")
     assert dead_worker_pids(tmp_path) == [int(dead)]
+
+
+def test_workers_share_the_hosts_cpus_for_their_embedders(monkeypatch):
+    from vlmcache.serving.proxy_workers import share_cpus
+
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: set(range(16)), raising=False)
+    env: dict[str, str] = {}
+    assert share_cpus(8, env) == "2"
+    assert env == {"OMP_NUM_THREADS": "2", "MKL_NUM_THREADS": "2"}
+    env = {}
+    assert share_cpus(32, env) == "1"  # never 0
+    env = {"OMP_NUM_THREADS": "6"}  # the operator's choice stands
+    assert share_cpus(8, env) == "6" and env == {"OMP_NUM_THREADS": "6"}

@@ -122,7 +122,9 @@ class CascadeFront:
         if plan.cached is not None:
             return plan
         if not req.options.bypass and req.transcript is not None:
-            self.drain()  # read your writes: answers already sent are findable
+            # read your writes: answers already sent are findable, within a bound
+            if not self.drain(self.config.record_wait_ms / 1000.0) and self.metrics:
+                self.metrics.record_waits_cut.inc()
             t_response = time.perf_counter()
             plan.stages["wait_records"] = t_response - t_response_start
             plan.resolution = self._resolve(req)
@@ -227,9 +229,14 @@ class CascadeFront:
             self.metrics.observe_kv_path(body.get("kv_transfer_params"), req.tenant)
         return report
 
-    def drain(self) -> None:
-        """Wait until every queued exact/similarity record is made."""
-        self._recorder.submit(lambda: None).result()
+    def drain(self, timeout_s: float | None = None) -> bool:
+        """Wait until every queued exact/similarity record is made, at most ``timeout_s``
+        (``None``: as long as it takes); whether they all were."""
+        try:
+            self._recorder.submit(lambda: None).result(timeout=timeout_s)
+        except TimeoutError:
+            return False
+        return True
 
     def _remember_logged(self, req: ParsedRequest, res: Resolution,
                          report: ReuseReport) -> None:

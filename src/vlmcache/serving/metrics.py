@@ -37,6 +37,7 @@ class FrontMetrics:
     response_entries: Gauge
     kv_path: Counter
     video_frames: Counter
+    record_waits_cut: Counter
     tenant_label: bool = True
 
     @classmethod
@@ -74,6 +75,9 @@ class FrontMetrics:
                                  "requests, by deciding tier (a response-tier hit skipped "
                                  "their encoding and prefill)", ["tenant", "hit_tier"],
                                  registry=reg),
+            record_waits_cut=Counter("vlmcache_front_record_waits_cut", "Lookups that "
+                                     "stopped waiting for earlier answers' records after "
+                                     "record_wait_ms", registry=reg),
             tenant_label=tenant_label)
 
     def tenant(self, tenant: str | None) -> str:

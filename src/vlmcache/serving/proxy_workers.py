@@ -144,13 +144,31 @@ def run_workers(model: str, config: VlmCacheConfig, media_io: Mapping[str, Any],
     spec = ProxySpec(model, public_config(config), {k: dict(v) for k, v in media_io.items()},
                      list(upstreams), routing)
     run_dir = prepare_run(config, spec)
-    logger.info("vlmcache proxy: %d workers on %s:%d, sharing through Redis",
-                config.proxy_workers, host, port)
+    threads = share_cpus(config.proxy_workers, os.environ)
+    logger.info("vlmcache proxy: %d workers on %s:%d, sharing through Redis; %s CPU "
+                "threads each for their embedders", config.proxy_workers, host, port, threads)
     try:
         uvicorn.run(f"{__name__}:app_from_env", factory=True, workers=config.proxy_workers,
                     host=host, port=port, log_level="warning")
     finally:
         shutil.rmtree(run_dir, ignore_errors=True)
+
+
+THREAD_ENVS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
+
+
+def share_cpus(workers: int, env: dict[str, str] | Any) -> str:
+    """Set the workers' OpenMP / MKL threads (read by torch at import) to this host's CPUs
+    shared out among them, unless the operator set them. Left alone, every worker's
+    embedder (MiniLM) starts one thread per core: N workers embedding at once oversubscribe
+    the host N times over. Returns the value the workers get."""
+    if env.get(THREAD_ENVS[0]):
+        return env[THREAD_ENVS[0]]
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    threads = str(max(1, (cpus or 1) // max(1, workers)))
+    for name in THREAD_ENVS:
+        env.setdefault(name, threads)
+    return threads
 
 
 def app_from_env() -> Any:
