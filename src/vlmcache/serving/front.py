@@ -123,7 +123,7 @@ class CascadeFront:
             return plan
         if not req.options.bypass and req.transcript is not None:
             # read your writes: answers already sent are findable, within a bound
-            if not self.drain(self.config.record_wait_ms / 1000.0) and self.metrics:
+            if not self.drain(self.config.record_wait_ms / 1000.0) and self.metrics is not None:
                 self.metrics.record_waits_cut.inc()
             t_response = time.perf_counter()
             plan.stages["wait_records"] = t_response - t_response_start

@@ -30,7 +30,7 @@ import os
 import shutil
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping, MutableMapping, Sequence
 
 from vlmcache.config import VlmCacheConfig
 from vlmcache.errors import ConfigError
@@ -157,7 +157,7 @@ def run_workers(model: str, config: VlmCacheConfig, media_io: Mapping[str, Any],
 THREAD_ENVS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
 
 
-def share_cpus(workers: int, env: dict[str, str] | Any) -> str:
+def share_cpus(workers: int, env: MutableMapping[str, str]) -> str:
     """Set the workers' OpenMP / MKL threads (read by torch at import) to this host's CPUs
     shared out among them, unless the operator set them. Left alone, every worker's
     embedder (MiniLM) starts one thread per core: N workers embedding at once oversubscribe
