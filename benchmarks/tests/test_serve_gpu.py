@@ -288,3 +288,45 @@ def test_rates_that_might_not_fit_the_budget_are_skipped(tmp_path: Path) -> None
     assert rate_cost_s(args) == 42.0
     rates, trace, skipped = run_rates(args, {}, time.monotonic() + 41.0)
     assert rates == [] and trace == [] and skipped == [4.0, 8.0]
+
+
+def test_prompt_tokens_split_by_where_they_came_from():
+    from vlmcache_lab.serve_gpu_load import token_summary
+
+    rows = [  # a stored answer, an exact hit with a KV load, plain rows (no report)
+        {"tier": "response", "usage_prompt_tokens": 600, "cached_tokens": 0},
+        {"tier": "miss", "usage_prompt_tokens": 600, "cached_tokens": 576,
+         "tokens_loaded": 512, "tokens_from_prefix_cache": 64},
+        {"tier": None, "usage_prompt_tokens": 600, "cached_tokens": 576},
+        {"tier": None, "usage_prompt_tokens": 600},
+    ]
+    assert token_summary(rows) == {"total": 2400, "response_tier": 600,
+                                   "prefix_cache": 64 + 576, "loaded": 512,
+                                   "computed": 2400 - 600 - 640 - 512}
+
+
+def test_gpu_busy_reads_nvidia_smi_samples_and_is_none_without_it(monkeypatch):
+    from vlmcache_lab.gpu_busy import GpuBusy, mean_utilization
+
+    assert mean_utilization(["50\n", "100\n", "[N/A]\n", "0\n"]) == (50.0, 3)
+    assert mean_utilization(["[N/A]"]) is None
+    monkeypatch.setattr("shutil.which", lambda name: None)
+    with GpuBusy() as gpu:
+        pass
+    assert gpu.result() is None
+
+
+def test_gpu_busy_samples_while_the_block_runs(tmp_path, monkeypatch):
+    import time
+
+    from vlmcache_lab.gpu_busy import GpuBusy
+
+    fake = tmp_path / "nvidia-smi"  # prints a utilization every 20 ms, as -lms does
+    fake.write_text("#!/bin/sh\nwhile true; do echo 80; sleep 0.02; done\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{__import__('os').environ['PATH']}")
+    with GpuBusy() as gpu:
+        time.sleep(0.5)
+    figures = gpu.result()
+    assert figures is not None and figures["utilization_pct"] == 80.0
+    assert figures["samples"] >= 5 and 0.35 <= figures["busy_s"] <= 0.6

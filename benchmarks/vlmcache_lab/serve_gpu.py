@@ -6,7 +6,9 @@ turns: for each arrival rate, the next slice of one seeded trace (``serve_gpu_tr
 sent to one server, then the same slice to the other (plain first at the first and last
 rate: the baseline runs first and last). Per rate and server: throughput, goodput under
 the SLO, TTFT (at the first chunk carrying a token, ``serve_gpu_load``) / e2e percentiles,
-TTFT on the requests the cache missed, hits per tier. ``--ours-layout proxy`` runs the front
+TTFT and the front's time per stage on the requests the cache missed, hits per tier, the
+prompt tokens by source (``prompt_tokens``: response tier, prefix cache, loaded, computed)
+and the GPU time per request (``gpu``: nvidia-smi's utilization over the phase, ``gpu_busy``). ``--ours-layout proxy`` runs the front
 in its own process (``serve_gpu_servers``); ``--paraphrase auto`` turns the paraphrase tiers
 on where the text embedder is installed; ``--budget-s`` skips the rates that might not fit.
 
@@ -33,6 +35,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from vlmcache_lab.gpu_busy import GpuBusy
 from vlmcache_lab.serve_gpu_load import Slo, miss_ids, run_phase, summarize, verdict
 from vlmcache_lab.serve_gpu_servers import (LAYOUTS, Server, gpus_and_cores, make_servers,
                                             ours_config, start_servers, text_embedder_path,
@@ -87,11 +90,17 @@ def _run_rate(args: Any, servers: dict[str, Server], rate: float, part: Sequence
     bodies = [r.body(args.geometry, args.seed) for r in part]
     kinds = [r.kind for r in part]
     rows: dict[str, Any] = {}
+    busy: dict[str, Any] = {}
     for side in order:
-        rows[side] = asyncio.run(run_phase(servers[side].url, bodies, kinds, offsets,
-                                           args.drain_s))
+        with GpuBusy() as gpu:  # the other server is idle meanwhile: this side's GPU time
+            rows[side] = asyncio.run(run_phase(servers[side].url, bodies, kinds, offsets,
+                                               args.drain_s))
+        busy[side] = gpu.result()
         time.sleep(args.pause_s)  # let the engine finish cancelled work
     entry = _rate_entry(rate, rows, order, composition(part), args)
+    for side, figures in busy.items():
+        entry[side]["gpu"] = None if figures is None else {
+            **figures, "s_per_request": round(figures["busy_s"] / max(len(bodies), 1), 4)}
     log.warning("rate %s: %s", rate, json.dumps(
         {s: {k: entry[s][k] for k in ("throughput_rps", "goodput_rps", "ttft_p50_ms",
                                          "e2e_p99_ms", "ttft_by")} for s in ("ours", "plain")}))

@@ -71,6 +71,7 @@ def _on_line(row: dict[str, Any], line: str, t0: float) -> None:
             row["ttft_ms"], row["ttft_by"] = (time.perf_counter() - t0) * 1000, by
     if isinstance(chunk.get("usage"), dict):
         row["tokens"] = int(chunk["usage"].get("completion_tokens") or 0)
+        row["usage_prompt_tokens"] = int(chunk["usage"].get("prompt_tokens") or 0)
         details = chunk["usage"].get("prompt_tokens_details")
         if isinstance(details, dict):  # vLLM's prefix-cache hit (--enable-prompt-tokens-details)
             row["cached_tokens"] = int(details.get("cached_tokens") or 0)
@@ -163,6 +164,7 @@ def summarize(rows: Sequence[dict[str, Any]], wall_s: float, slo: Slo,
             **miss_breakdown(miss_rows),
             "e2e_p50_ms": _pct(e2e, 50), "e2e_p99_ms": _pct(e2e, 99),
             "output_tokens": sum(int(r.get("tokens") or 0) for r in ok),
+            "prompt_tokens": token_summary(ok),
             "hits_by_tier": dict(sorted(hits.items()))}
 
 
@@ -179,6 +181,24 @@ def miss_breakdown(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
             "miss_front_stages_ms": {k: {"p50": _pct(v, 50), "p99": _pct(v, 99)}
                                      for k, v in sorted(stages.items())},
             "miss_cached_tokens_mean": round(float(np.mean(cached)), 1) if cached else None}
+
+
+def token_summary(rows: Sequence[dict[str, Any]]) -> dict[str, int]:
+    """Where the answered requests' prompt tokens came from: ``total`` (as the usage says),
+    ``response_tier`` (answered from a stored answer: no engine work at all),
+    ``prefix_cache`` (vLLM's, both arms), ``loaded`` (vlmcache's KV tier), ``computed``
+    (the rest: prefilled by the engine)."""
+    total = sum(int(r.get("usage_prompt_tokens") or 0) for r in rows)
+    stored = sum(int(r.get("usage_prompt_tokens") or 0) for r in rows
+                 if r.get("tier") == "response")
+    engine = [r for r in rows if r.get("tier") != "response"]
+    loaded = sum(int(r.get("tokens_loaded") or 0) for r in engine)
+    # vLLM's cached_tokens counts the connector's loaded tokens too: ours' report splits them
+    cached = sum(int(r["tokens_from_prefix_cache"]) if "tokens_from_prefix_cache" in r else
+                 max(0, int(r.get("cached_tokens") or 0) - int(r.get("tokens_loaded") or 0))
+                 for r in engine)
+    return {"total": total, "response_tier": stored, "prefix_cache": cached,
+            "loaded": loaded, "computed": max(0, total - stored - cached - loaded)}
 
 
 def miss_ids(rows: Sequence[dict[str, Any]]) -> set[int]:
