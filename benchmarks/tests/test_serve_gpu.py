@@ -330,3 +330,38 @@ def test_gpu_busy_samples_while_the_block_runs(tmp_path, monkeypatch):
     figures = gpu.result()
     assert figures is not None and figures["utilization_pct"] == 80.0
     assert figures["samples"] >= 5 and 0.35 <= figures["busy_s"] <= 0.6
+
+
+def test_engine_metrics_give_the_phases_means_from_vllms_histograms():
+    from vlmcache_lab.engine_metrics import parse_sums, phase_means
+
+    def text(ttft_sum, ttft_n, queue_sum, prefill_sum, n):
+        return "\n".join([
+            "# HELP vllm:time_to_first_token_seconds Histogram of time to first token",
+            f'vllm:time_to_first_token_seconds_sum{{engine="0",model_name="m"}} {ttft_sum}',
+            f'vllm:time_to_first_token_seconds_count{{engine="0",model_name="m"}} {ttft_n}',
+            f'vllm:time_to_first_token_seconds_bucket{{le="0.1",model_name="m"}} {ttft_n}',
+            f'vllm:request_queue_time_seconds_sum{{model_name="m"}} {queue_sum}',
+            f'vllm:request_queue_time_seconds_count{{model_name="m"}} {n}',
+            f'vllm:request_prefill_time_seconds_sum{{model_name="m"}} {prefill_sum}',
+            f'vllm:request_prefill_time_seconds_count{{model_name="m"}} {n}',
+            'vllm:num_requests_running{model_name="m"} 3.0'])
+
+    before = parse_sums(text(1.0, 10, 0.5, 0.2, 10))
+    assert before["vllm:time_to_first_token_seconds_count"] == 10
+    after = parse_sums(text(3.0, 20, 0.7, 0.6, 20))
+    assert phase_means(before, after) == {"ttft_mean_ms": 200.0, "queue_mean_ms": 20.0,
+                                          "prefill_mean_ms": 40.0, "requests": 10}
+    assert phase_means(before, None) is None
+    none = phase_means(before, before)  # no engine request in the phase (all cached)
+    assert none["requests"] == 0 and none["ttft_mean_ms"] is None
+
+
+def test_the_engine_behind_ours_proxy_is_where_its_metrics_are():
+    from types import SimpleNamespace
+
+    from vlmcache_lab.serve_gpu_servers import engine_url
+
+    proxied = SimpleNamespace(url="http://p", engine=SimpleNamespace(url="http://e"))
+    assert engine_url(proxied) == "http://e"
+    assert engine_url(SimpleNamespace(url="http://plain")) == "http://plain"

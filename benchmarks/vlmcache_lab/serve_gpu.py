@@ -8,7 +8,9 @@ rate: the baseline runs first and last). Per rate and server: throughput, goodpu
 the SLO, TTFT (at the first chunk carrying a token, ``serve_gpu_load``) / e2e percentiles,
 TTFT and the front's time per stage on the requests the cache missed, hits per tier, the
 prompt tokens by source (``prompt_tokens``: response tier, prefix cache, loaded, computed)
-and the GPU time per request (``gpu``: nvidia-smi's utilization over the phase, ``gpu_busy``). ``--ours-layout proxy`` runs the front
+the GPU time per request (``gpu``: nvidia-smi's utilization over the phase, ``gpu_busy``)
+and the engine's own TTFT / queue / prefill means (``engine``: vLLM's ``/metrics``,
+``engine_metrics``), which split ours' excess on a miss into the engine's and the front's. ``--ours-layout proxy`` runs the front
 in its own process (``serve_gpu_servers``); ``--paraphrase auto`` turns the paraphrase tiers
 on where the text embedder is installed; ``--budget-s`` skips the rates that might not fit.
 
@@ -35,11 +37,12 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from vlmcache_lab.engine_metrics import phase_means, scrape
 from vlmcache_lab.gpu_busy import GpuBusy
 from vlmcache_lab.serve_gpu_load import Slo, miss_ids, run_phase, summarize, verdict
-from vlmcache_lab.serve_gpu_servers import (LAYOUTS, Server, gpus_and_cores, make_servers,
-                                            ours_config, start_servers, text_embedder_path,
-                                            vllm_flags)
+from vlmcache_lab.serve_gpu_servers import (LAYOUTS, Server, engine_url, gpus_and_cores,
+                                            make_servers, ours_config, start_servers,
+                                            text_embedder_path, vllm_flags)
 from vlmcache_lab.serve_gpu_trace import (build_trace, composition, parse_mix,
                                           poisson_offsets)
 
@@ -91,14 +94,19 @@ def _run_rate(args: Any, servers: dict[str, Server], rate: float, part: Sequence
     kinds = [r.kind for r in part]
     rows: dict[str, Any] = {}
     busy: dict[str, Any] = {}
+    engine: dict[str, Any] = {}
     for side in order:
+        metrics_url = engine_url(servers[side])
+        before = scrape(metrics_url)
         with GpuBusy() as gpu:  # the other server is idle meanwhile: this side's GPU time
             rows[side] = asyncio.run(run_phase(servers[side].url, bodies, kinds, offsets,
                                                args.drain_s))
         busy[side] = gpu.result()
+        engine[side] = phase_means(before, scrape(metrics_url))
         time.sleep(args.pause_s)  # let the engine finish cancelled work
     entry = _rate_entry(rate, rows, order, composition(part), args)
     for side, figures in busy.items():
+        entry[side]["engine"] = engine[side]  # vLLM's own TTFT / queue / prefill means
         entry[side]["gpu"] = None if figures is None else {
             **figures, "s_per_request": round(figures["busy_s"] / max(len(bodies), 1), 4)}
     log.warning("rate %s: %s", rate, json.dumps(

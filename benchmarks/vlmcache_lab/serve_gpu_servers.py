@@ -62,6 +62,13 @@ class Server(Protocol):
     def stop(self) -> None: ...
 
 
+def engine_url(server: Server) -> str:
+    """Where ``server``'s vLLM engine answers (its ``/metrics``): behind the proxy for
+    ``ProxiedServer``, the server itself otherwise."""
+    engine = getattr(server, "engine", None)
+    return str(engine.url) if engine is not None else server.url
+
+
 def vllm_flags(args: Any) -> list[str]:
     """The vLLM flags both servers get (ServerProcess adds --enforce-eager)."""
     return ["--load-format", "dummy", "--enable-prefix-caching", "--enable-prompt-tokens-details",

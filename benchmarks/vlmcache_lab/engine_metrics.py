@@ -1,0 +1,56 @@
+"""The engine's own view of a phase, from vLLM's Prometheus ``/metrics``: mean time to
+first token, queue time and prefill time of the requests the engine served, as the
+difference of each histogram's ``_sum`` and ``_count`` before and after the phase. Beside
+the client's TTFT this splits ours' excess into the engine's part and the part before it
+(the proxy and the front)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+HISTOGRAMS = {"ttft": "vllm:time_to_first_token_seconds",
+              "queue": "vllm:request_queue_time_seconds",
+              "prefill": "vllm:request_prefill_time_seconds"}
+
+
+def parse_sums(text: str) -> dict[str, float]:
+    """``{name_sum: total, name_count: total}`` over every label set of ``HISTOGRAMS``."""
+    wanted = {f"{m}{suffix}" for m in HISTOGRAMS.values() for suffix in ("_sum", "_count")}
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        name = line.split("{", 1)[0].split(" ", 1)[0]
+        if name in wanted:
+            try:
+                out[name] = out.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
+            except ValueError:
+                continue
+    return out
+
+
+def scrape(url: str) -> dict[str, float] | None:
+    """The engine's histogram sums now, or ``None`` if ``/metrics`` does not answer."""
+    import httpx
+
+    try:
+        r = httpx.get(url.rstrip("/") + "/metrics", timeout=5)
+        r.raise_for_status()
+    except httpx.HTTPError:
+        return None
+    return parse_sums(r.text)
+
+
+def phase_means(before: dict[str, float] | None,
+                after: dict[str, float] | None) -> dict[str, Any] | None:
+    """Per histogram the mean over the phase's engine requests (ms) and their count."""
+    if before is None or after is None:
+        return None
+    out: dict[str, Any] = {}
+    for key, metric in HISTOGRAMS.items():
+        n = after.get(metric + "_count", 0.0) - before.get(metric + "_count", 0.0)
+        total = after.get(metric + "_sum", 0.0) - before.get(metric + "_sum", 0.0)
+        out[f"{key}_mean_ms"] = round(total / n * 1000, 2) if n > 0 else None
+    out["requests"] = int(after.get(HISTOGRAMS["ttft"] + "_count", 0.0)
+                          - before.get(HISTOGRAMS["ttft"] + "_count", 0.0))
+    return out
