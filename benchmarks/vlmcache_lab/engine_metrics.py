@@ -15,17 +15,14 @@ HISTOGRAMS = {"ttft": "vllm:time_to_first_token_seconds",
 
 def parse_sums(text: str) -> dict[str, float]:
     """``{name_sum: total, name_count: total}`` over every label set of ``HISTOGRAMS``."""
+    from prometheus_client.parser import text_string_to_metric_families
+
     wanted = {f"{m}{suffix}" for m in HISTOGRAMS.values() for suffix in ("_sum", "_count")}
     out: dict[str, float] = {}
-    for line in text.splitlines():
-        if not line or line.startswith("#"):
-            continue
-        name = line.split("{", 1)[0].split(" ", 1)[0]
-        if name in wanted:
-            try:
-                out[name] = out.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
-            except ValueError:
-                continue
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name in wanted:
+                out[sample.name] = out.get(sample.name, 0.0) + float(sample.value)
     return out
 
 

@@ -12,16 +12,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any, Sequence
 
-from vlmcache.testing.server import free_port
-from vlmcache_lab.front_capacity import _start, tier_bodies
+from vlmcache_lab.front_capacity import front_before_instant_upstream, tier_bodies
 
 SETS = {"model_revision": "dummy-weights", "enable_image_embedding": "true",
         "enable_semantic_text": "true", "log_requests": "false"}
@@ -42,26 +41,11 @@ def first_latencies(url: str, bodies: Sequence[dict[str, Any]]) -> list[float]:
 
 
 def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
-    up, px = f"http://127.0.0.1:{free_port()}", f"http://127.0.0.1:{free_port()}"
     sets = {**SETS, "store_path": str(work / "store")}
-    procs = [_start([sys.executable, "-m", "uvicorn",
-                     "vlmcache_lab.front_capacity:instant_upstream", "--port",
-                     up.rsplit(":", 1)[1], "--log-level", "warning"], work / "up.log", up)]
-    try:
-        t0 = time.perf_counter()
-        procs.append(_start([sys.executable, "-m", "vlmcache.cli", "proxy", args.model,
-                             "--upstream", up, "--port", px.rsplit(":", 1)[1],
-                             *[a for k, v in sets.items() for a in ("--vlmcache-set",
-                                                                     f"{k}={v}")]],
-                            work / "proxy.log", px))
-        start_s = round(time.perf_counter() - t0, 2)
-        ms = first_latencies(px, tier_bodies("miss", "m", 0, args.requests, 0))
-    finally:
-        for proc in procs:
-            proc.terminate()
-            proc.wait(timeout=30)
+    with front_before_instant_upstream(args.model, 1, work, sets) as front:
+        ms = first_latencies(front.proxy, tier_bodies("miss", "m", 0, args.requests, 0))
     log = (work / "proxy.log").read_text(errors="replace")
-    return {"start_to_health_s": start_s, "latency_ms": ms, "first_ms": ms[0],
+    return {"start_to_health_s": front.proxy_start_s, "latency_ms": ms, "first_ms": ms[0],
             "rest_max_ms": max(ms[1:]) if len(ms) > 1 else None,
             "warm_up_logged": [ln for ln in log.splitlines() if "embedders loaded" in ln]}
 
@@ -76,9 +60,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="first-requests-") as tmp:
         result = run(args, Path(tmp))
     result = {"command": "python benchmarks/first_requests.py " + " ".join(sys.argv[1:]),
-              "label": args.label, "device": f"CPU ({platform.machine()}), "
-              f"{subprocess.run(['nproc'], capture_output=True, text=True).stdout.strip()} "
-              "cores", "config": SETS, **result}
+              "label": args.label,
+              "device": f"CPU ({platform.machine()}), {os.cpu_count()} cores",
+              "config": SETS, **result}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
     print(json.dumps({k: result[k] for k in ("start_to_health_s", "latency_ms")}))

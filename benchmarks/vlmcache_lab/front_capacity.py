@@ -21,8 +21,10 @@ import json
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 
@@ -184,15 +186,26 @@ def measure(args: Any, upstream: str, proxy: str) -> dict[str, Any]:
     return out
 
 
-def run_servers(args: Any, work: Path, sets: dict[str, str]) -> dict[str, Any]:
-    """Start the instant upstream, the proxy (and Redis for its workers), measure every
-    tier; ``sets`` gains the Redis URL it was given."""
+@dataclass
+class Front:
+    """A started proxy before the instant upstream: their URLs, the proxy's start time."""
+
+    upstream: str
+    proxy: str
+    proxy_start_s: float
+
+
+@contextmanager
+def front_before_instant_upstream(model: str, workers: int, work: Path,
+                                  sets: dict[str, str]) -> Iterator[Front]:
+    """Start the instant upstream, then ``vlmcache proxy MODEL`` with ``sets`` (and, for
+    more than one worker, a loopback Redis, whose URL ``sets`` gains); stop them after."""
     up_port, px_port = free_port(), free_port()
     upstream, proxy = f"http://127.0.0.1:{up_port}", f"http://127.0.0.1:{px_port}"
     redis: Any = None
     procs: list[subprocess.Popen[bytes]] = []
     try:
-        if args.workers > 1:  # the workers share their tiers through a loopback Redis
+        if workers > 1:  # the workers share their tiers through a loopback Redis
             from vlmcache.testing.redis_server import RedisServer
 
             redis = RedisServer(maxmemory="1gb")
@@ -201,21 +214,30 @@ def run_servers(args: Any, work: Path, sets: dict[str, str]) -> dict[str, Any]:
         procs.append(_start([sys.executable, "-m", "uvicorn",
                              "vlmcache_lab.front_capacity:instant_upstream", "--port",
                              str(up_port), "--log-level", "warning"], work / "up.log", upstream))
-        procs.append(_start([sys.executable, "-m", "vlmcache.cli", "proxy", args.model,
+        t0 = time.perf_counter()
+        procs.append(_start([sys.executable, "-m", "vlmcache.cli", "proxy", model,
                              "--upstream", upstream, "--port", str(px_port),
-                             "--workers", str(args.workers),
-                             *[a for k, v in sets.items() for a in ("--vlmcache-set", f"{k}={v}")]],
+                             "--workers", str(workers),
+                             *[a for k, v in sets.items()
+                               for a in ("--vlmcache-set", f"{k}={v}")]],
                             work / "proxy.log", proxy))
-        if args.workers > 1:
-            wait_for_workers(work / "store", args.workers)
-        tiers = measure(args, upstream, proxy)
+        start_s = round(time.perf_counter() - t0, 2)
+        if workers > 1:
+            wait_for_workers(work / "store", workers)
+        yield Front(upstream, proxy, start_s)
     finally:
         for proc in procs:
             proc.terminate()
             proc.wait(timeout=30)
         if redis is not None:
             redis.stop()
-    return tiers
+
+
+def run_servers(args: Any, work: Path, sets: dict[str, str]) -> dict[str, Any]:
+    """Start the instant upstream, the proxy (and Redis for its workers), measure every
+    tier; ``sets`` gains the Redis URL it was given."""
+    with front_before_instant_upstream(args.model, args.workers, work, sets) as front:
+        return measure(args, front.upstream, front.proxy)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
