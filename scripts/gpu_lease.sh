@@ -9,6 +9,8 @@
 #   bash scripts/gpu_lease.sh one-serve   # the serving load bench (both shapes), waits
 #   bash scripts/gpu_lease.sh one-video   # waits for it, then the video bench, waits
 #   bash scripts/gpu_lease.sh one-front   # waits for video; front_capacity (FRONT_WORKERS)
+#   bash scripts/gpu_lease.sh one-diag    # waits for video; the serving bench again on one
+#                                         # shape per DIAG_CONFIGS entry (ours' config varied)
 # Each step waits at most WAIT_S (default 540) and leaves at most 8 files in $OUT (logs in
 # one tarball). VIDEO_ARGS / SERVE_ARGS / SERVE_SHAPES / REPLICAS_ARGS override the runs.
 set -uo pipefail
@@ -16,13 +18,18 @@ export PYTHONPATH=/root/site
 wait_s=${WAIT_S:-540}
 video_args=${VIDEO_ARGS:-"--model benchmarks/geometries/qwen2vl7b --dummy-weights \
   --shape qwen2vl7b-h200 --frames 60 --clips 6 --stream-requests 8 --image-frames 0 \
-  --max-model-len 16384 --max-num-batched-tokens 16384 --gpu-memory-utilization 0.85"}
+  --max-model-len 16384 --max-num-batched-tokens 16384 --gpu-memory-utilization 0.4 \
+  --turns paired"}
 # --proxy-workers 8: the front's one-process ceiling (~50 req/s) was ours' cap in the
 # 2026-11-28 run. Rates of the 2026-11-29 1-GPU run (plain saturates near 50-60 req/s on
 # LLaVA, 30-35 on Qwen; ours near 74 / 54); Qwen gains 56 between 40 and 72
 serve_args=${SERVE_ARGS:-"--phase-s 10 --drain-s 8 --pause-s 2 --ours-layout proxy \
   --proxy-workers 8 --budget-s 360"}
 serve_shapes=${SERVE_SHAPES:-"llava7b:12,56,84,112 qwen2vl7b:8,40,56,72"}
+# one-diag: DIAG_SHAPE (default llava7b:12,56) once per DIAG_CONFIGS entry (NAME=JSON,
+# space-separated; ours' --ours-config), each beside plain again: diag-NAME.json
+diag_shape=${DIAG_SHAPE:-"llava7b:12,56"}
+diag_configs=${DIAG_CONFIGS:-'per_layer={"kv_block_layout":"per_layer"} idle={"enable_kv_save":false,"enable_kv_load":false,"enable_encoder_cache":false}'}
 # FRONT_WORKERS="1 8" (exported) adds front_capacity runs after the shapes: ~3 min more,
 # past the pair step's wait unless the shapes' --budget-s leaves room
 
@@ -90,5 +97,22 @@ case "${1:-}" in
     done
     pack_logs front
     ;;
-  *) echo "usage: $0 tp2 | pair | replicas | one-serve | one-video | one-front"; exit 2 ;;
+  one-diag)
+    started=$SECONDS
+    bash scripts/gpu_video.sh wait "$wait_s"
+    pack_logs video
+    for entry in $diag_configs; do
+      name=${entry%%=*} config=${entry#*=}
+      left=$((wait_s - (SECONDS - started)))
+      [ "$left" -gt 150 ] || { echo "no time left for diag $name"; break; }
+      # shellcheck disable=SC2086
+      ARGS="$serve_args --ours-config '$config'" bash scripts/gpu_serve.sh start $diag_shape
+      bash scripts/gpu_serve.sh wait "$left"
+      s=${diag_shape%%:*}
+      mv "${OUT:-/tmp}/serve-gpu-$s.json" "${OUT:-/tmp}/diag-$name.json" 2>/dev/null
+      pack_logs "diag-$name"
+    done
+    ;;
+  *) echo "usage: $0 tp2 | pair | replicas | one-serve | one-video | one-front | one-diag"
+     exit 2 ;;
 esac

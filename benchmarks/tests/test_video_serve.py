@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from vlmcache_lab.video_serve import (_on_line, answers_equal, body, make_server, summarize,
-                                      vllm_flags)
+from vlmcache_lab.video_requests import _on_line, body
+from vlmcache_lab.video_serve import answers_equal, make_server, summarize, vllm_flags
 
 ARGS = SimpleNamespace(model="/m", frames=8, step=2, stream_requests=3, text_before_video=4,
                        max_tokens=8, max_model_len=2048, dummy_weights=False,
@@ -74,3 +74,25 @@ def test_a_stream_that_fails_after_its_200_is_an_error_not_a_row():
     row = {"ttft_ms": None, "text": "", "report": None, "cached_tokens": 0, "prompt_tokens": 0}
     with pytest.raises(RuntimeError, match="stream error"):
         _on_line(row, 'data: {"error": {"message": "exceeds the encoder cache"}}', 0.0)
+
+
+def test_paired_turns_alternate_the_first_server_and_keep_payload_order(monkeypatch):
+    import vlmcache_lab.video_serve as vs
+
+    sent = []
+    monkeypatch.setattr(vs, "ask", lambda url, payload: sent.append((url, payload["n"]))
+                        or {"url": url, "n": payload["n"]})
+    rows = vs.phase({"plain": "P", "ours": "O"}, [{"n": 0}, {"n": 1}, {"n": 2}])
+    assert sent == [("P", 0), ("O", 0), ("O", 1), ("P", 1), ("P", 2), ("O", 2)]
+    assert [r["n"] for r in rows["ours"]] == [0, 1, 2]
+    assert {r["url"] for r in rows["plain"]} == {"P"}
+
+
+def test_paired_ratios_are_medians_of_per_request_ratios():
+    from vlmcache_lab.video_serve import paired_ratios
+
+    phases = ("miss", "reencoded", "followup", "restart_followup")
+    plain = {p: [_row(100, 1), _row(200, 1), _row(400, 1)] for p in phases}
+    ours = {p: [_row(110, 1), _row(180, 1), _row(1000, 1)] for p in phases}
+    ratios = paired_ratios({"ours": ours, "plain": plain})
+    assert ratios["miss_ms"] == 1.1 and set(ratios) == {f"{p}_ms" for p in phases}

@@ -1,8 +1,12 @@
 """Video through ``vlmcache serve`` beside plain vLLM's OpenAI server, the same vLLM flags.
 
-One server at a time (plain first, then ours, each started, measured, restarted on its own
-store, measured again, stopped): on a CPU both cannot run at once without taking each
-other's cores. Per server, streamed requests one at a time (latency, not load):
+Turns (``--turns``): ``sequential`` runs one server at a time (plain first, then ours, each
+started, measured, restarted on its own store, measured again, stopped), for a CPU where both
+cannot run at once without taking each other's cores; ``paired`` starts both at once (on a
+GPU, each with its share of memory) and sends every request to both, back to back, the first
+server alternating request by request, so a drift of the machine over minutes falls on both
+arms alike (``paired_ratios``: the median of the per-request ratios). Streamed requests one
+at a time (latency, not load):
 
 - ``miss``: a clip asked for the first time (``--clips`` clips, mp4v);
 - ``reencoded``: the same clip re-encoded by another codec (MJPG), the same question;
@@ -29,8 +33,9 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from vlmcache.testing.clips import CODECS, synthetic_frames, video_data_url, write_clip
+from vlmcache.testing.clips import synthetic_frames, write_clip
 from vlmcache.testing.server import ServerProcess
+from vlmcache_lab.video_requests import ask, body
 
 QUESTION = "what is moving in the video?"
 FOLLOW_UP_FIRST = "how many shapes are there?"
@@ -70,127 +75,107 @@ def make_server(kind: str, args: Any, work: Path, name: str,
     return server
 
 
-def body(args: Any, clip: bytes, codec: str, question: str, tenant: str,
-         stream: bool = True) -> dict[str, Any]:
-    """A chat request: one video, one question, greedy (streamed: TTFT is measured)."""
-    extra = {"stream": True, "stream_options": {"include_usage": True}} if stream else {}
-    return {"model": args.model, "temperature": 0, "max_tokens": args.max_tokens,
-            **extra, "cache_salt": tenant,
-            "messages": [{"role": "user", "content": [
-                {"type": "video_url", "video_url": {"url": video_data_url(
-                    clip, CODECS[codec].mime)}},
-                {"type": "text", "text": question}]}]}
-
-
-def ask(url: str, payload: dict[str, Any]) -> dict[str, Any]:
-    """Send one request; TTFT (streamed), e2e, answer, and what was reused. Unstreamed
-    requests get vlmcache's whole report (a stream carries no KV figures)."""
-    import httpx
-
-    row: dict[str, Any] = {"ttft_ms": None, "text": "", "report": None, "cached_tokens": 0,
-                           "prompt_tokens": 0}
-    t0 = time.perf_counter()
-    if not payload.get("stream"):
-        resp = httpx.post(url + "/v1/chat/completions", json=payload, timeout=600)
-        if resp.status_code != 200:
-            raise RuntimeError(f"HTTP {resp.status_code}: {resp.text[:400]!r}")
-        data = resp.json()
-        _on_line(row, "data: " + json.dumps({**data, "choices": [
-            {"delta": {"content": c["message"]["content"]}} for c in data["choices"]]}), t0)
-        row["ttft_ms"] = None
-    else:
-        with httpx.stream("POST", url + "/v1/chat/completions", json=payload,
-                          timeout=600) as resp:
-            if resp.status_code != 200:
-                raise RuntimeError(f"HTTP {resp.status_code}: {resp.read()[:400]!r}")
-            for line in resp.iter_lines():
-                _on_line(row, line, t0)
-    row["e2e_ms"] = (time.perf_counter() - t0) * 1000
-    row["ttft_ms"] = row["ttft_ms"] or row["e2e_ms"]
-    return row
-
-
-def _on_line(row: dict[str, Any], line: str, t0: float) -> None:
-    if not line.startswith("data:") or line.strip() == "data: [DONE]":
-        return
-    chunk = json.loads(line[5:])
-    if chunk.get("error"):  # a stream that failed after its 200 is not a measured row
-        raise RuntimeError(f"stream error: {chunk['error']!r}"[:400])
-    for choice in chunk.get("choices") or ():
-        text = (choice.get("delta") or {}).get("content")
-        if text:
-            row["text"] += text
-        if (text or choice.get("finish_reason")) and row["ttft_ms"] is None:
-            row["ttft_ms"] = (time.perf_counter() - t0) * 1000
-    usage = chunk.get("usage")
-    if usage:
-        row["prompt_tokens"] = int(usage.get("prompt_tokens") or 0)
-        details = usage.get("prompt_tokens_details") or {}
-        row["cached_tokens"] = int(details.get("cached_tokens") or 0)
-    if isinstance(chunk.get("vlmcache"), dict):
-        row["report"] = chunk["vlmcache"]
-
-
 def clips(args: Any) -> list[np.ndarray]:
     """The clips asked about (seeded; frames 2x the sampling, so sampling skips some)."""
     return [synthetic_frames(1000 + k, n=2 * args.frames, h=args.size, w=args.size)
             for k in range(args.clips)]
 
 
-def measure_first(url: str, args: Any) -> dict[str, Any]:
-    """Warm-up, misses, re-encoded copies and the stream, on a started server."""
-    for k in range(2):  # first-request costs out of the measured rows
-        warm = synthetic_frames(9000 + k, n=2 * args.frames, h=args.size, w=args.size)
-        ask(url, body(args, write_clip(None, warm, 4.0, "mp4v"), "mp4v", "warm up?", "warm"))
-    miss, reenc = [], []
-    for frames in clips(args):
-        miss.append(ask(url, body(args, write_clip(None, frames, 4.0, "mp4v"), "mp4v",
-                                  QUESTION, "acme")))
-    for frames in clips(args):
-        reenc.append(ask(url, body(args, write_clip(None, frames, 4.0, "mjpg"), "mjpg",
-                                   QUESTION, "acme")))
-    followup = [ask(url, body(args, write_clip(None, frames, 4.0, "mp4v"), "mp4v",
-                              FOLLOW_UP_FIRST, "acme", stream=False)) for frames in clips(args)]
-    return {"miss": miss, "reencoded": reenc, "followup": followup,
-            "stream": stream(url, args)}
+def turn_order(i: int, kinds: Sequence[str]) -> list[str]:
+    """Which server gets request ``i`` first: alternating, so neither arm always follows the
+    other's request."""
+    return list(kinds) if i % 2 == 0 else list(reversed(kinds))
 
 
-def stream(url: str, args: Any) -> list[dict[str, Any]]:
+def phase(urls: dict[str, str], payloads: Sequence[dict[str, Any]]
+          ) -> dict[str, list[dict[str, Any]]]:
+    """Every payload to every server, in :func:`turn_order`; each server's rows in payload
+    order."""
+    rows: dict[str, list[dict[str, Any]]] = {kind: [] for kind in urls}
+    for i, payload in enumerate(payloads):
+        for kind in turn_order(i, list(urls)):
+            rows[kind].append(ask(urls[kind], payload))
+    return rows
+
+
+def _asks(args: Any, codec: str, question: str, stream: bool = True) -> list[dict[str, Any]]:
+    return [body(args, write_clip(None, frames, 4.0, codec), codec, question, "acme", stream)
+            for frames in clips(args)]
+
+
+def _warm_up(urls: dict[str, str], args: Any, seeds: Sequence[int]) -> None:
+    phase(urls, [body(args, write_clip(None, synthetic_frames(
+        seed, n=2 * args.frames, h=args.size, w=args.size), 4.0, "mp4v"), "mp4v",
+        "warm up?", "warm") for seed in seeds])
+
+
+def measure_first(urls: dict[str, str], args: Any) -> dict[str, dict[str, Any]]:
+    """Warm-up (first-request costs out of the measured rows), misses, re-encoded copies,
+    follow-ups and the stream, on started servers; per server, its rows per phase."""
+    _warm_up(urls, args, (9000, 9001))
+    phases = {"miss": phase(urls, _asks(args, "mp4v", QUESTION)),
+              "reencoded": phase(urls, _asks(args, "mjpg", QUESTION)),
+              "followup": phase(urls, _asks(args, "mp4v", FOLLOW_UP_FIRST, stream=False)),
+              "stream": phase(urls, stream_payloads(args))}
+    return {kind: {name: rows[kind] for name, rows in phases.items()} for kind in urls}
+
+
+def stream_payloads(args: Any) -> list[dict[str, Any]]:
     """A live feed: the last ``frames`` frames, the window moving by ``step``."""
     total = args.frames + args.step * (args.stream_requests - 1)
     feed = synthetic_frames(777, n=total, h=args.size, w=args.size)
-    rows = []
-    for r in range(args.stream_requests):
-        window = feed[r * args.step:r * args.step + args.frames]
-        # 2 fps: as long as the asked clips (2x the frames at 4 fps), every frame sampled
-        rows.append(ask(url, body(args, write_clip(None, window, 2.0, "mp4v"), "mp4v",
-                                  STREAM_Q, "acme")))
-    return rows
+    # 2 fps: as long as the asked clips (2x the frames at 4 fps), every frame sampled
+    return [body(args, write_clip(None, feed[r * args.step:r * args.step + args.frames], 2.0,
+                                  "mp4v"), "mp4v", STREAM_Q, "acme")
+            for r in range(args.stream_requests)]
 
 
-def measure_restart(url: str, args: Any) -> list[dict[str, Any]]:
+def measure_restart(urls: dict[str, str], args: Any) -> dict[str, list[dict[str, Any]]]:
     """After a restart: warm-up on other clips, then a follow-up on each clip."""
-    warm = synthetic_frames(9100, n=2 * args.frames, h=args.size, w=args.size)
-    ask(url, body(args, write_clip(None, warm, 4.0, "mp4v"), "mp4v", "warm up?", "warm"))
-    return [ask(url, body(args, write_clip(None, frames, 4.0, "mp4v"), "mp4v", FOLLOW_UP,
-                          "acme", stream=False)) for frames in clips(args)]
+    _warm_up(urls, args, (9100,))
+    return phase(urls, _asks(args, "mp4v", FOLLOW_UP, stream=False))
 
 
-def run_server(kind: str, args: Any, work: Path) -> dict[str, Any]:
-    """One server's rows: start, measure, restart on its store, measure, stop."""
-    work.mkdir(parents=True, exist_ok=True)
-    server = make_server(kind, args, work, "first").start()
+def run_servers(kinds: Sequence[str], args: Any, work: Path) -> dict[str, dict[str, Any]]:
+    """The rows of ``kinds``' servers, run at once: start, measure, restart each on its own
+    store, measure, stop."""
+    from vlmcache_lab.serve_gpu_servers import start_servers
+
+    for kind in kinds:
+        (work / kind).mkdir(parents=True, exist_ok=True)
+    servers = {kind: make_server(kind, args, work / kind, "first") for kind in kinds}
+    start_servers(servers)
     try:
-        rows = measure_first(server.url, args)
+        rows = measure_first({kind: s.url for kind, s in servers.items()}, args)
         time.sleep(args.settle_s)  # the store writes behind the requests (disk_write: async)
     finally:
-        server.stop()
-    server = make_server(kind, args, work, "restarted").start()
+        for s in servers.values():
+            s.stop()
+    servers = {kind: make_server(kind, args, work / kind, "restarted") for kind in kinds}
+    start_servers(servers)
     try:
-        rows["restart_followup"] = measure_restart(server.url, args)
+        restart = measure_restart({kind: s.url for kind, s in servers.items()}, args)
     finally:
-        server.stop()
+        for s in servers.values():
+            s.stop()
+    for kind in kinds:
+        rows[kind]["restart_followup"] = restart[kind]
     return rows
+
+
+def run_turns(args: Any, work: Path) -> dict[str, dict[str, Any]]:
+    """Both servers' rows in ``--turns``' layout."""
+    if args.turns == "paired":
+        return run_servers(("plain", "ours"), args, work)
+    return {kind: run_servers((kind,), args, work)[kind] for kind in ("plain", "ours")}
+
+
+def paired_ratios(rows: dict[str, dict[str, Any]]) -> dict[str, float]:
+    """Per phase, the median of ours' e2e over plain's on the same request (``paired``
+    turns: the two were asked back to back)."""
+    return {f"{name}_ms": round(statistics.median(
+        o["e2e_ms"] / p["e2e_ms"] for o, p in zip(rows["ours"][name], rows["plain"][name])), 3)
+        for name in ("miss", "reencoded", "followup", "restart_followup")}
 
 
 def _p50(values: Sequence[float]) -> float:
@@ -335,6 +320,9 @@ def parse_args(argv: Sequence[str] | None) -> Any:
     p.add_argument("--work", default="/tmp/vlmcache-video-bench")
     p.add_argument("--image-frames", type=int, default=4,
                    help="frames per request of the image-stream layout (0: not run)")
+    p.add_argument("--turns", choices=("sequential", "paired"), default="sequential",
+                   help="one server at a time (a CPU) or both at once, request by request "
+                        "(a GPU: give each its --gpu-memory-utilization share)")
     p.add_argument("--out", required=True)
     return p.parse_args(argv)
 
@@ -346,10 +334,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         from vlmcache.testing.tiny_video import build_tiny_video
 
         args.model = str(build_tiny_video(work / "model"))
-    rows = {kind: run_server(kind, args, work / kind) for kind in ("plain", "ours")}
+    rows = run_turns(args, work)
     shape = {kind: summarize(r, args, args.tokens_per_frame) for kind, r in rows.items()}
     shape["ratios"] = {k: round(shape["ours"][k] / shape["plain"][k], 3)
                        for k in ("miss_ms", "reencoded_ms", "followup_ms", "restart_followup_ms")}
+    if args.turns == "paired":
+        shape["paired_ratios"] = paired_ratios(rows)
     shape["answers_equal"] = answers_equal(rows["ours"], rows["plain"])
     if args.image_frames:
         images = {kind: image_stream(kind, args, work / kind) for kind in ("plain", "ours")}
@@ -358,7 +348,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     shape["rows"] = {kind: compact_rows(r) for kind, r in rows.items()}
     shape["settings"] = {k: getattr(args, k) for k in (
         "frames", "tokens_per_frame", "step", "stream_requests", "clips", "size", "max_tokens",
-        "max_model_len", "max_num_batched_tokens", "dummy_weights", "settle_s")}
+        "max_model_len", "max_num_batched_tokens", "dummy_weights", "settle_s", "turns")}
     out = Path(args.out)
     result = json.loads(out.read_text()) if out.exists() else {"shapes": {}}
     result["shapes"][args.shape] = {**shape, "command": "python benchmarks/video.py " + " ".join(
