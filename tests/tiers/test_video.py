@@ -178,3 +178,27 @@ def test_a_lazy_clip_is_decided_as_a_whole_one_and_recorded_whole():
         assert tier.lookup(query, "t").canonical_hash == "canon"
         stored = tier._entries[("t", "canon")].thumbs
         assert stored._frames is None and np.array_equal(stored.all(), video_thumbnails(clip))
+
+
+def test_a_far_candidate_is_refused_by_its_coarse_means_without_a_probe(monkeypatch, clip):
+    import vlmcache.tiers.video as video
+
+    tier = VideoTier(THRESHOLD, 64 * 1024**2)
+    assert tier.record(_query(synthetic_frames(11, n=16), name="other"), "t")
+    probed = []
+    monkeypatch.setattr(video, "probe_passes",
+                        lambda q, cands, t: probed.append(len(cands)) or [False] * len(cands))
+    assert tier.lookup(_query(clip), "t") is None
+    assert probed == []  # another scene: no frame of it was compared
+
+
+def test_a_brightened_copy_stays_a_candidate_and_is_verified(tier, clip):
+    from vlmcache.tiers.video import COARSE_REFUSE, coarse_distance
+
+    brighter = np.clip(clip.astype(np.float32) * 1.1, 0, 255).astype(np.uint8)
+    query = _query(brighter, "mjpg")
+    original = _query(clip)
+    assert coarse_distance(query.coarse, original.coarse) < COARSE_REFUSE / 2
+    assert float(np.abs(query.coarse - original.coarse).mean()) > 2.0  # the gain explains it
+    match = tier.lookup(query, "t")
+    assert match is not None and match.canonical_hash == "a-ffv1"

@@ -94,6 +94,8 @@ COLOUR_MAP_WEIGHT = 18.0
 #: levels, so a gain of ~0.7 with an offset (a flatter, darker picture) maps it, made
 #: cooler, onto itself within a few levels: the shared map would mimic a white balance.
 GAIN_MIN = 0.8
+#: The largest re-exposure gain (a brightened copy).
+GAIN_MAX = 1.45
 #: A thumbnail whose most coloured 5x5 window has a mean chroma (Cb or Cr, levels) of at
 #: most this has no colour: on the calibration's train images, greyscale copies and their
 #: benign variants reach 4.7 (noise, sigma 6, on a 64 px picture), desaturated ones
@@ -392,7 +394,7 @@ def _exposed(query: np.ndarray, moved: np.ndarray) -> np.ndarray:
     keep = (q < 250) & (q > 5)
     q, c = (q[keep], c[keep]) if keep.sum() > 64 else (q, c)
     energy = float(np.dot(c, c))
-    gain = float(np.clip(np.dot(q, c) / energy, GAIN_MIN, 1.45)) if energy > 1e-6 else 1.0
+    gain = float(np.clip(np.dot(q, c) / energy, GAIN_MIN, GAIN_MAX)) if energy > 1e-6 else 1.0
     return np.clip(gain * moved, 0.0, 255.0)
 
 

@@ -22,6 +22,7 @@ from vlmcache.tiers.verify import (
     COLOUR_MAP_WEIGHT,
     DECOLOUR_WEIGHT,
     FOREGROUND_LEVEL,
+    GAIN_MAX,
     GAIN_MIN,
     GREY_MAX,
     LUMA_WEIGHT,
@@ -100,7 +101,7 @@ def _exposed(query: np.ndarray, moved: np.ndarray) -> np.ndarray:
     energy = np.einsum("tp,tp->t", ck, ck, dtype=np.float64)
     cross = np.einsum("tp,tp->t", np.where(keep, q, 0), ck, dtype=np.float64)
     safe = energy > 1e-6
-    gain = np.where(safe, np.clip(cross / np.where(safe, energy, 1.0), GAIN_MIN, 1.45), 1.0)
+    gain = np.where(safe, np.clip(cross / np.where(safe, energy, 1.0), GAIN_MIN, GAIN_MAX), 1.0)
     out = gain.astype(np.float32)[:, None, None, None] * moved
     return np.clip(out, 0.0, 255.0, out=out)
 

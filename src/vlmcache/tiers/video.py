@@ -43,6 +43,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from vlmcache.tiers.verify import GAIN_MAX, GAIN_MIN
 from vlmcache.tiers.verify_batch import aligned_distances, any_exceeds
 from vlmcache.tiers.video_thumbs import (MIN_FRAMES_PER_THREAD, FrameThumbs,  # noqa: F401
                                          coarse_indices, frame_thumbnails, pool, pool_size,
@@ -69,6 +70,13 @@ TIME_OFFSET_MAX = 0.12
 TIME_OFFSET_CORRELATION = 0.3
 #: Canonical videos verified per lookup (the nearest by coarse thumbnails first).
 CANDIDATES = 4
+#: A canonical video whose coarse block means (:func:`coarse_distance`: 0-255 levels, after
+#: the verifier's brightness gain) lie further than this from the query's is refused
+#: without probing a frame. On the fidelity benchmark's 20 train clips the verifier
+#: accepted pairs at most 8.0 apart (gain, offset and limited-range edits; re-encodes and
+#: resizes at most 1.7), while other clips lay at least 16.1 apart: a new clip's lookup
+#: then costs the coarse order alone, the probes being what it paid on every candidate.
+COARSE_REFUSE = 16.0
 
 
 @dataclass(frozen=True)
@@ -177,6 +185,7 @@ class VideoTier:
         with self._lock:
             same = [e for (t, _), e in self._entries.items()
                     if t == tenant and e.signature.matches(query.signature)]
+        same = [e for e in same if coarse_distance(query.coarse, e.coarse) <= COARSE_REFUSE]
         same.sort(key=lambda e: float(np.abs(e.coarse - query.coarse).mean()))
         return same[:CANDIDATES]
 
@@ -305,6 +314,17 @@ def time_offset(query: np.ndarray, cand: np.ndarray) -> tuple[float, float]:
         if share > best[0]:
             best = (share, correlation)
     return best
+
+
+def coarse_distance(query: np.ndarray, cand: np.ndarray) -> float:
+    """Mean absolute difference of two clips' coarse block means after the one gain
+    (through black, within the verifier's range) that best maps ``cand`` onto ``query``:
+    a brightness change the verifier forgives does not push a candidate past
+    :data:`COARSE_REFUSE`."""
+    q, c = query.ravel(), cand.ravel()
+    energy = float(np.dot(c, c))
+    gain = float(np.clip(np.dot(q, c) / energy, GAIN_MIN, GAIN_MAX)) if energy > 1e-6 else 1.0
+    return float(np.abs(q - gain * c).mean())
 
 
 def _coarse(thumbs: np.ndarray) -> np.ndarray:
