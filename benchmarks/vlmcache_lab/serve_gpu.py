@@ -42,7 +42,7 @@ from vlmcache_lab.gpu_busy import GpuBusy
 from vlmcache_lab.serve_gpu_load import Slo, miss_ids, run_phase, summarize, verdict
 from vlmcache_lab.serve_gpu_servers import (LAYOUTS, Server, engine_url, gpus_and_cores,
                                             make_servers, ours_config, start_servers,
-                                            text_embedder_path, vllm_flags)
+                                            stop_servers, text_embedder_path, vllm_flags)
 from vlmcache_lab.serve_gpu_trace import (build_trace, composition, parse_mix,
                                           poisson_offsets)
 
@@ -218,8 +218,7 @@ def run_shape(args: Any, argv: Sequence[str]) -> dict[str, Any]:
         warm_up(servers, args.geometry, args.seed)
         rates, trace, skipped = run_rates(args, servers, deadline)
     finally:
-        for s in servers.values():
-            s.stop()
+        stop_servers(servers)
     shape = Path(args.geometry).name
     embedder = text_embedder_path()
     return {"command": "python benchmarks/serve_gpu.py " + " ".join(argv),

@@ -180,10 +180,15 @@ def start_servers(servers: dict[str, Server]) -> dict[str, float]:
     for t in threads:
         t.join()
     if errors:
-        for s in servers.values():
-            s.stop()
+        stop_servers(servers)
         raise errors[0]
     return took
+
+
+def stop_servers(servers: dict[str, Server]) -> None:
+    """Stop every server (one that never started stops as a no-op)."""
+    for server in servers.values():
+        server.stop()
 
 
 def _yaml(value: object) -> str:

@@ -35,6 +35,7 @@ import numpy as np
 
 from vlmcache.testing.clips import synthetic_frames, write_clip
 from vlmcache.testing.server import ServerProcess
+from vlmcache_lab.serve_gpu_servers import start_servers, stop_servers
 from vlmcache_lab.video_requests import ask, body
 
 QUESTION = "what is moving in the video?"
@@ -139,8 +140,6 @@ def measure_restart(urls: dict[str, str], args: Any) -> dict[str, list[dict[str,
 def run_servers(kinds: Sequence[str], args: Any, work: Path) -> dict[str, dict[str, Any]]:
     """The rows of ``kinds``' servers, run at once: start, measure, restart each on its own
     store, measure, stop."""
-    from vlmcache_lab.serve_gpu_servers import start_servers
-
     for kind in kinds:
         (work / kind).mkdir(parents=True, exist_ok=True)
     servers = {kind: make_server(kind, args, work / kind, "first") for kind in kinds}
@@ -149,15 +148,13 @@ def run_servers(kinds: Sequence[str], args: Any, work: Path) -> dict[str, dict[s
         rows = measure_first({kind: s.url for kind, s in servers.items()}, args)
         time.sleep(args.settle_s)  # the store writes behind the requests (disk_write: async)
     finally:
-        for s in servers.values():
-            s.stop()
+        stop_servers(servers)
     servers = {kind: make_server(kind, args, work / kind, "restarted") for kind in kinds}
     start_servers(servers)
     try:
         restart = measure_restart({kind: s.url for kind, s in servers.items()}, args)
     finally:
-        for s in servers.values():
-            s.stop()
+        stop_servers(servers)
     for kind in kinds:
         rows[kind]["restart_followup"] = restart[kind]
     return rows

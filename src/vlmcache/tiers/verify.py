@@ -393,9 +393,16 @@ def _exposed(query: np.ndarray, moved: np.ndarray) -> np.ndarray:
     q, c = query.reshape(-1), moved[:, 1:-1, 1:-1].reshape(-1)
     keep = (q < 250) & (q > 5)
     q, c = (q[keep], c[keep]) if keep.sum() > 64 else (q, c)
-    energy = float(np.dot(c, c))
-    gain = float(np.clip(np.dot(q, c) / energy, GAIN_MIN, GAIN_MAX)) if energy > 1e-6 else 1.0
-    return np.clip(gain * moved, 0.0, 255.0)
+    return np.clip(exposure_gain(q, c) * moved, 0.0, 255.0)
+
+
+def exposure_gain(query: np.ndarray, moved: np.ndarray) -> float:
+    """The one gain (through black, within ``GAIN_MIN``-``GAIN_MAX``) that best maps the
+    flat values ``moved`` onto ``query`` (least squares); 1 for an all-black ``moved``."""
+    energy = float(np.dot(moved, moved))
+    if energy <= 1e-6:
+        return 1.0
+    return float(np.clip(np.dot(query, moved) / energy, GAIN_MIN, GAIN_MAX))
 
 
 def _shade(rgb: np.ndarray) -> float | None:

@@ -43,7 +43,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from vlmcache.tiers.verify import GAIN_MAX, GAIN_MIN
+from vlmcache.tiers.verify import exposure_gain
 from vlmcache.tiers.verify_batch import aligned_distances, any_exceeds
 from vlmcache.tiers.video_thumbs import (MIN_FRAMES_PER_THREAD, FrameThumbs,  # noqa: F401
                                          coarse_indices, frame_thumbnails, pool, pool_size,
@@ -322,9 +322,7 @@ def coarse_distance(query: np.ndarray, cand: np.ndarray) -> float:
     a brightness change the verifier forgives does not push a candidate past
     :data:`COARSE_REFUSE`."""
     q, c = query.ravel(), cand.ravel()
-    energy = float(np.dot(c, c))
-    gain = float(np.clip(np.dot(q, c) / energy, GAIN_MIN, GAIN_MAX)) if energy > 1e-6 else 1.0
-    return float(np.abs(q - gain * c).mean())
+    return float(np.abs(q - exposure_gain(q, c) * c).mean())
 
 
 def _coarse(thumbs: np.ndarray) -> np.ndarray:
