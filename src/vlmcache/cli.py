@@ -22,6 +22,7 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
+import vlmcache.cpu_share as cpu_share
 from vlmcache.config import VlmCacheConfig
 from vlmcache.errors import VlmCacheError
 from vlmcache.tenant_secret import MASK, SALT_ENV
@@ -134,8 +135,10 @@ def cmd_proxy(args: argparse.Namespace) -> int:
         run_workers(args.model, config, media_io, args.upstream, args.routing, args.host,
                     args.port)
         return 0
+    # the proxy's process is the front's own: off the CPUs left to vLLM, as its workers are
+    cpu_share.pin_process(cpu_share.plan(config.engine_cpus, config.front_thread_nice))
     front = CascadeFront.for_model(args.model, config, metrics=FrontMetrics.create(
-        tenant_label=config.metrics_tenant_label), media_io_kwargs=media_io)
+        tenant_label=config.metrics_tenant_label), media_io_kwargs=media_io, own_process=True)
     try:
         app = build_proxy_app(front, args.upstream, routing=args.routing)
         uvicorn.run(app, host=args.host, port=args.port, log_level="warning")

@@ -158,6 +158,16 @@ class VlmCacheConfig:
         video_handoff_ttl_s: how long a kept decode waits for the engine's loader (one
             the engine never asks for, an answer from the response tier, leaves then).
         max_request_bytes: largest request body the front accepts.
+        engine_cpus: CPUs of this host the front leaves to vLLM's own processes (its API
+            server, its engine core's launch loop): the front's helper threads and
+            ``vlmcache proxy``'s workers run on the others, so the front's compute never
+            starves the GPU's feeder. Not applied on a host that would leave the front
+            fewer than 2 CPUs; 0: no partition.
+        front_thread_nice: how much lower (Linux niceness) the helper threads
+            (verification, thumbnails, embeddings, records) of ``vlmcache proxy``'s
+            processes run: under contention vLLM's processes win the CPU; 0: the same
+            priority. Never applied inside vLLM's API server (``vlmcache serve``), where a
+            deprioritized thread holding the GIL would stall vLLM's own event loop.
         metrics_tenant_label: label metrics by tenant (off: one label for all tenants).
         open_routes: comma-separated server routes the front refuses by default (admin,
             pooling, audio, unknown) that an operator opens to every client, untouched
@@ -273,6 +283,8 @@ class VlmCacheConfig:
     video_handoff_budget: int = 1024**3
     video_handoff_ttl_s: float = 30.0
     max_request_bytes: int = 64 * 1024**2
+    engine_cpus: int = 4
+    front_thread_nice: int = 5
     metrics_tenant_label: bool = True
     open_routes: str = ""  # issue 33: default deny on every other route
     # --- end issue 12 ---

@@ -46,7 +46,7 @@ def test_a_chunk_written_by_one_replica_is_read_by_the_other(tmp_path, live_redi
     assert got is not None and torch.equal(got["kv"], _chunk(1)["kv"])
     assert b.redis_counts() == (1, 0)
     assert b.front.memory.contains(_key(1))  # kept locally: the next read is local
-    assert b.ensure_in_memory(_key(1)) and b.redis_counts() == (1, 0)
+    assert b.contains(_key(1)) and b.redis_counts() == (1, 0)
     names = [s.tier for s in b.tier_stats()]
     assert names[-1] == "redis-kv" and b.stats().hits == 1
 
@@ -58,11 +58,11 @@ def test_the_read_gate_can_decline(tmp_path, live_redis):
     b.read_gate = lambda cost, nbytes: seen.append(nbytes) or False
     a.put(_key(1), _chunk(1))
     a.flush()
-    assert not b.contains(_key(1)) and not b.ensure_in_memory(_key(1))  # not worth a read
-    assert seen and seen[0] > 64 * 64 * 4 and b.redis_counts() == (0, 2)
+    assert not b.contains(_key(1))  # not worth a read
+    assert seen and seen[0] > 64 * 64 * 4 and b.redis_counts() == (0, 1)
     b.read_gate = lambda cost, nbytes: True
-    assert b.contains(_key(1)) and b.ensure_in_memory(_key(1))
-    assert b.redis_counts() == (1, 2)
+    assert b.contains(_key(1)) and b.get(_key(1)) is not None
+    assert b.redis_counts() == (1, 1)
 
 
 def test_redis_down_lookups_miss_fast_and_writes_drop(tmp_path, live_redis):
@@ -104,7 +104,7 @@ def test_a_plain_disk_store_front_works_too(tmp_path, live_redis):
     b = with_redis(cfg, DiskStore(tmp_path / "b", 10**8), "kv")
     assert a.put(_key(3), _chunk(3))
     a.flush()
-    assert b.ensure_in_memory(_key(3)) and b.front.contains(_key(3))
+    assert b.get(_key(3)) is not None and b.front.contains(_key(3))  # kept locally
     assert torch.equal(b.get(_key(3))["kv"], _chunk(3)["kv"])
     assert [s.tier for s in b.tier_stats()] == ["disk", "redis-kv"]
 

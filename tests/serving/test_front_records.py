@@ -63,3 +63,22 @@ def test_drain_says_whether_the_queue_emptied(tmp_path):
     release.set()
     assert front.drain(5.0) is True and front.drain() is True
     front.close()
+
+
+def test_the_fronts_threads_keep_their_priority_inside_vllms_process(tmp_path):
+    from vlmcache import cpu_share
+
+    before = cpu_share.current()
+    (tmp_path / "m").mkdir(exist_ok=True)
+    cfg = VlmCacheConfig(store_path=str(tmp_path / "s"), model_revision="t",
+                         front_thread_nice=7)
+    try:
+        front = CascadeFront.for_model(str(tmp_path / "m"), cfg, metrics=None)
+        assert cpu_share.current().nice == 0  # vlmcache serve: vLLM's API server
+        front.close()
+        front = CascadeFront.for_model(str(tmp_path / "m"), cfg, metrics=None,
+                                       own_process=True)
+        assert cpu_share.current().nice == 7  # a proxy process of its own
+        front.close()
+    finally:
+        cpu_share.configure(before)

@@ -215,14 +215,17 @@ def test_a_dead_workers_live_gauges_are_found(tmp_path):
     assert dead_worker_pids(tmp_path) == [int(dead)]
 
 
-def test_workers_share_the_hosts_cpus_for_their_embedders(monkeypatch):
+def test_workers_share_the_hosts_cpus_for_their_embedders():
+    from vlmcache.cpu_share import plan
     from vlmcache.serving.proxy_workers import share_cpus
 
-    monkeypatch.setattr("os.sched_getaffinity", lambda pid: set(range(16)), raising=False)
+    host = frozenset(range(16))
     env: dict[str, str] = {}
-    assert share_cpus(8, env) == "2"
+    assert share_cpus(8, env, plan(0, 0, host)) == "2"
     assert env == {"OMP_NUM_THREADS": "2", "MKL_NUM_THREADS": "2"}
+    env = {}  # 4 CPUs left to vLLM: the workers share the other 12
+    assert share_cpus(4, env, plan(4, 5, host)) == "3"
     env = {}
-    assert share_cpus(32, env) == "1"  # never 0
+    assert share_cpus(32, env, plan(4, 5, host)) == "1"  # never 0
     env = {"OMP_NUM_THREADS": "6"}  # the operator's choice stands
-    assert share_cpus(8, env) == "6" and env == {"OMP_NUM_THREADS": "6"}
+    assert share_cpus(8, env, plan(4, 5, host)) == "6" and env == {"OMP_NUM_THREADS": "6"}

@@ -47,7 +47,7 @@ def test_write_behind_survives_a_failing_write(tmp_path, monkeypatch):
     writer.close()
 
 
-def test_ensure_in_memory_verifies_disk_chunks(tmp_path):
+def test_a_tiered_read_verifies_disk_chunks(tmp_path):
     disk = DiskStore(tmp_path, 1 << 20)
     disk.put(K1, chunk(1))
     disk.put(K2, chunk(2))
@@ -56,9 +56,9 @@ def test_ensure_in_memory_verifies_disk_chunks(tmp_path):
     data[-1] ^= 0xFF
     path.write_bytes(bytes(data))
     tiered = TieredStore(MemoryStore(1 << 20), DiskStore(tmp_path, 1 << 20))
-    assert tiered.ensure_in_memory(K1) and tiered.memory.contains(K1)
-    assert not tiered.ensure_in_memory(K2) and not path.exists()
-    assert not tiered.ensure_in_memory(K3)
+    assert tiered.get(K1) is not None and tiered.memory.contains(K1)
+    assert tiered.get(K2) is None and not path.exists()
+    assert tiered.get(K3) is None
 
 
 def test_drops_are_counted_and_logged_at_most_once_per_interval(tmp_path, caplog):

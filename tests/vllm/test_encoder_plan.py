@@ -18,9 +18,6 @@ class Store:
     def contains(self, key):
         return key in self.data
 
-    def ensure_in_memory(self, key):
-        return key in self.data
-
     def get(self, key):
         return self.data.get(key)
 
@@ -38,10 +35,10 @@ def test_save_then_plan_and_load_in_another_engine():
     saver.save({A: output}, A, "tenant-a")  # already stored: not rewritten
     assert saver.saved == 1
     assert list(store.tenants.values()) == ["tenant-a"]  # charged to the tenant that asked
-    planner = EncoderPlanner("ns", store.ensure_in_memory)
+    planner = EncoderPlanner("ns", store.contains)
     assert planner.has(A) and not planner.has(B)
-    assert not EncoderPlanner("other-ns", store.ensure_in_memory).has(A)
-    assert not EncoderPlanner("ns", store.ensure_in_memory, enabled=False).has(A)
+    assert not EncoderPlanner("other-ns", store.contains).has(A)
+    assert not EncoderPlanner("ns", store.contains, enabled=False).has(A)
     planner.on_allocated("r1", A, 256)
     planner.on_allocated("r1", B, 256)  # not stored: left to the encoder
     planner.on_computed("r1", [1])
@@ -56,7 +53,7 @@ def test_save_then_plan_and_load_in_another_engine():
 
 def test_shape_mismatch_or_vanished_output_is_not_loaded(caplog):
     store = Store()
-    planner = EncoderPlanner("ns", store.ensure_in_memory)
+    planner = EncoderPlanner("ns", store.contains)
     store.data[planner.key(A)] = {TENSOR_NAME: torch.zeros(10, 4)}
     planner.on_allocated("r", A, 256)
     loads = planner.take_loads()
@@ -104,19 +101,19 @@ def _two_sides(tmp_path):
 
 
 def test_a_promised_output_the_worker_cannot_load_is_encoded_in_the_same_step(tmp_path):
-    """Issue 33 item 1: the scheduler promised an output its memory copy held; the worker's
+    """Issue 33 item 1: the scheduler promised an output its store's index held; the worker's
     copy was evicted and the file removed in between. vLLM then raised "Encoder cache miss"
     and the EngineCore died; now the input goes back to the step's encoder inputs."""
     scheduler_store, worker_store = _two_sides(tmp_path)
-    planner = EncoderPlanner("ns", scheduler_store.ensure_in_memory)
+    planner = EncoderPlanner("ns", scheduler_store.contains)
     output = torch.randn(16, 8)
     worker_store.put(planner.key(A), {TENSOR_NAME: output})  # the first process saved it
     worker_store.flush()
-    assert planner.has(A)  # read and verified into the scheduler's memory copy
+    planner.on_allocated("r1", A, 16, 1)  # the index holds it: promised, nothing read
+    assert scheduler_store.memory.size_of(planner.key(A)) is None
     worker_store.memory.delete(planner.key(A))  # the worker's copy evicted ...
     assert worker_store.disk is not None
     worker_store.disk.path_for(planner.key(A)).unlink()  # ... and the file removed
-    planner.on_allocated("r1", A, 16, 1)
     step_inputs = {"r0": [0]}  # the step's scheduled_encoder_inputs
     cache = {}
     transfer = EncoderTransfer(worker_store, "ns", "cpu")
@@ -128,25 +125,28 @@ def test_a_promised_output_the_worker_cannot_load_is_encoded_in_the_same_step(tm
 
 def test_a_corrupt_file_and_a_raising_store_are_encodes_too(tmp_path):
     scheduler_store, worker_store = _two_sides(tmp_path)
-    planner = EncoderPlanner("ns", scheduler_store.ensure_in_memory)
+    planner = EncoderPlanner("ns", scheduler_store.contains)
     worker_store.put(planner.key(A), {TENSOR_NAME: torch.randn(16, 8)})
     worker_store.flush()
-    assert planner.has(A)
+    planner.on_allocated("r1", A, 16, 0)
     worker_store.memory.delete(planner.key(A))
     path = worker_store.disk.path_for(planner.key(A))
     path.write_bytes(path.read_bytes()[:-8] + b"garbage!")  # damaged in place
-    planner.on_allocated("r1", A, 16, 0)
     step_inputs: dict[str, list[int]] = {}
     failed = EncoderTransfer(worker_store, "ns", "cpu").load(planner.take_loads(), {})
     encode_instead(failed, step_inputs)
     assert step_inputs == {"r1": [0]}
+    assert not planner.has(A)  # the damaged file was dropped: no further promise
 
     class Raising(Store):
         def get(self, key):
             raise OSError("EIO")
 
+    raising = Raising()
+    planner = EncoderPlanner("ns", raising.contains)
+    raising.data[planner.key(A)] = {TENSOR_NAME: torch.randn(16, 8)}
     planner.on_allocated("r2", A, 16, 2)
-    failed = EncoderTransfer(Raising(), "ns", "cpu").load(planner.take_loads(), {})
+    failed = EncoderTransfer(raising, "ns", "cpu").load(planner.take_loads(), {})
     encode_instead(failed, step_inputs)
     assert step_inputs == {"r1": [0], "r2": [2]}
 

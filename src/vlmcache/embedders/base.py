@@ -23,6 +23,8 @@ from typing import (
 
 import numpy as np
 
+import vlmcache.cpu_share as cpu_share
+
 T = TypeVar("T")
 
 
@@ -150,7 +152,8 @@ def _background() -> ThreadPoolExecutor:
     global _BACKGROUND
     with _BACKGROUND_LOCK:
         if _BACKGROUND is None:
-            _BACKGROUND = ThreadPoolExecutor(1, thread_name_prefix="vlmcache-embed")
+            _BACKGROUND = ThreadPoolExecutor(1, thread_name_prefix="vlmcache-embed",
+                                             initializer=cpu_share.thread_initializer())
         return _BACKGROUND
 
 

@@ -18,6 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+import vlmcache.cpu_share as cpu_share
 from vlmcache.cascade import (RESPONSE_TIER, Cascade, CascadeRequest, Resolution, TierStatus,
                               build_cascade)
 from vlmcache.config import VlmCacheConfig
@@ -75,21 +76,27 @@ class CascadeFront:
         self.responses = responses
         self.metrics = metrics
         self._lock = threading.Lock()  # the similarity indexes are not thread-safe
-        self._recorder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="vlmcache-record")
+        self._recorder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="vlmcache-record",
+                                            initializer=cpu_share.thread_initializer())
 
     @classmethod
     def for_model(cls, model: str, config: VlmCacheConfig, *, metrics: FrontMetrics | None,
                   record_store: RecordStore | None = None,
-                  media_io_kwargs: Mapping[str, Mapping[str, Any]] | None = None
-                  ) -> "CascadeFront":
+                  media_io_kwargs: Mapping[str, Mapping[str, Any]] | None = None,
+                  own_process: bool = False) -> "CascadeFront":
         """The front for ``model`` (a local directory) under ``config``; ``media_io_kwargs``
-        are the server's ``--media-io-kwargs`` (how its engine samples videos)."""
+        are the server's ``--media-io-kwargs`` (how its engine samples videos).
+        ``own_process``: the process is the front's alone (a ``vlmcache proxy`` worker), so
+        its helper threads may also run at ``front_thread_nice``; inside vLLM's API server
+        they never do (a deprioritized thread holding the GIL would stall vLLM's own loop)."""
         from vlmcache.vllm.video_io import encoder_mixes_frames, video_processor_name
 
         from vlmcache.tenant_secret import with_deployment_salt
         from vlmcache.vllm.namespace import namespace_for_model
 
         config = with_deployment_salt(config)  # rewrites derive tenant salts from it
+        cpu_share.configure(cpu_share.plan(
+            config.engine_cpus, config.front_thread_nice if own_process else 0))
         digest = namespace_for_model(model, config).digest
         responses = None
         if config.enable_response_cache:

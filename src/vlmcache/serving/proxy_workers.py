@@ -32,6 +32,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Mapping, MutableMapping, Sequence
 
+import vlmcache.cpu_share as cpu_share
 from vlmcache.config import VlmCacheConfig
 from vlmcache.errors import ConfigError
 from vlmcache.tenant_secret import (deployment_salt, ensure_private_dir, public_config,
@@ -144,7 +145,8 @@ def run_workers(model: str, config: VlmCacheConfig, media_io: Mapping[str, Any],
     spec = ProxySpec(model, public_config(config), {k: dict(v) for k, v in media_io.items()},
                      list(upstreams), routing)
     run_dir = prepare_run(config, spec)
-    threads = share_cpus(config.proxy_workers, os.environ)
+    threads = share_cpus(config.proxy_workers, os.environ,
+                         cpu_share.plan(config.engine_cpus, config.front_thread_nice))
     logger.info("vlmcache proxy: %d workers on %s:%d, sharing through Redis; %s CPU "
                 "threads each for their embedders", config.proxy_workers, host, port, threads)
     try:
@@ -157,15 +159,15 @@ def run_workers(model: str, config: VlmCacheConfig, media_io: Mapping[str, Any],
 THREAD_ENVS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
 
 
-def share_cpus(workers: int, env: MutableMapping[str, str]) -> str:
-    """Set the workers' OpenMP / MKL threads (read by torch at import) to this host's CPUs
-    shared out among them, unless the operator set them. Left alone, every worker's
-    embedder (MiniLM) starts one thread per core: N workers embedding at once oversubscribe
-    the host N times over. Returns the value the workers get."""
+def share_cpus(workers: int, env: MutableMapping[str, str], share: cpu_share.CpuShare) -> str:
+    """Set the workers' OpenMP / MKL threads (read by torch at import) to the front's CPUs
+    (``share``: the host's, less those left to vLLM) shared out among them, unless the
+    operator set them. Left alone, every worker's embedder (MiniLM) starts one thread per
+    core: N workers embedding at once oversubscribe the host N times over. Returns the
+    value the workers get."""
     if env.get(THREAD_ENVS[0]):
         return env[THREAD_ENVS[0]]
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    threads = str(max(1, (cpus or 1) // max(1, workers)))
+    threads = str(max(1, share.count // max(1, workers)))
     for name in THREAD_ENVS:
         env.setdefault(name, threads)
     return threads
@@ -184,8 +186,11 @@ def app_from_env() -> Any:
     base = VlmCacheConfig.from_dict(spec.config)
     slot = claim_slot(base.store_dir, base.proxy_workers)
     config = worker_config(base, slot)
+    # the whole worker (its event loop, torch's threads) off the CPUs left to vLLM
+    cpu_share.pin_process(cpu_share.plan(config.engine_cpus, config.front_thread_nice))
     front = CascadeFront.for_model(spec.model, config, metrics=FrontMetrics.create(
-        tenant_label=config.metrics_tenant_label), media_io_kwargs=spec.media_io_kwargs)
+        tenant_label=config.metrics_tenant_label), media_io_kwargs=spec.media_io_kwargs,
+        own_process=True)
     atexit.register(front.close)
     logger.info("vlmcache proxy worker %d (pid %d): files in %s", slot.index, os.getpid(),
                 slot.path)

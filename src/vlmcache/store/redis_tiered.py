@@ -4,8 +4,7 @@ Reads: memory, then disk, then Redis (a Redis hit is verified, then kept locally
 locally as before, and to Redis behind the caller (bounded queue; drops are counted). A
 ``read_gate`` lets a load-vs-recompute cost model veto a Redis read from the tier's
 measured cost and the chunk's size before any payload moves: a chunk only Redis holds
-counts as present (``contains``/``ensure_in_memory``, what a caller asks before promising
-a load) only when the gate accepts it; ``get`` reads whatever it is asked for.
+counts as present (``contains``, what a caller asks before promising a load) only when the gate accepts it; ``get`` reads whatever it is asked for.
 """
 
 from __future__ import annotations
@@ -64,12 +63,6 @@ class RedisBackedStore:
     def contains(self, key: str) -> bool:
         """Whether a local tier holds ``key``, or Redis does and the gate would read it."""
         return self.front.contains(key) or self._worth_reading(key)
-
-    def ensure_in_memory(self, key: str) -> bool:
-        """Whether ``key`` is readable now; a Redis chunk the gate accepts is fetched,
-        verified and kept locally."""
-        local = getattr(self.front, "ensure_in_memory", self.front.contains)
-        return local(key) or (self._worth_reading(key) and self._fetch(key) is not None)
 
     def get(self, key: str) -> dict[str, torch.Tensor] | None:
         tensors = self.front.get(key)

@@ -86,19 +86,6 @@ class TieredStore:
         nbytes = self.disk.size_of(key) if self.disk is not None else None
         return None if nbytes is None else ("disk", nbytes)
 
-    def ensure_in_memory(self, key: str) -> bool:
-        """Whether ``key`` is readable; a disk chunk is read, verified and put in memory.
-
-        Lets a caller promise a chunk only after its checksum was checked (no tiered stats).
-        """
-        self._check(key)
-        if self.memory.contains(key):
-            return True
-        if self.disk is None:
-            return False
-        tensors = self.disk.get(key)
-        return tensors is not None and self.memory.put(key, tensors, owned=True, admitted=True)
-
     def get(self, key: str, *, tenant: Tenant = None) -> dict[str, torch.Tensor] | None:
         """The chunk from memory, else from disk (then promoted into memory), else ``None``."""
         self._check(key)

@@ -23,6 +23,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
+import vlmcache.cpu_share as cpu_share
+
 logger = logging.getLogger(__name__)
 
 #: Threads that compare or thumbnail a clip's frames (at most the machine's cores), each
@@ -44,7 +46,8 @@ def pool(name: str = "verify") -> ThreadPoolExecutor:
     (``thumbs``: a job there never waits on another pool's work, so neither can starve)."""
     with _POOL_LOCK:
         if name not in _POOLS:
-            _POOLS[name] = ThreadPoolExecutor(pool_size(), thread_name_prefix=f"vlmcache-{name}")
+            _POOLS[name] = ThreadPoolExecutor(pool_size(), thread_name_prefix=f"vlmcache-{name}",
+                                              initializer=cpu_share.thread_initializer())
         return _POOLS[name]
 
 

@@ -83,13 +83,18 @@ def request_tenant(request: Any) -> str | None:
 @dataclass
 class VlmCacheECWorkerMeta(ECConnectorWorkerMetadata):
     """Worker -> scheduler: the loads this step encoded instead, ``(request, identifier,
-    input)`` each (so the request's report counts them as encoded, not loaded)."""
+    input)`` each (so the request's report counts them as encoded, not loaded), and the
+    worker's timed reads from disk or Redis, ``(bytes, seconds)`` (the gate's read rate)."""
 
     encoded_instead: tuple[tuple[str, str, int], ...] = ()
+    reads: tuple[tuple[int, float], ...] = ()
 
     def aggregate(self, other: Any) -> "VlmCacheECWorkerMeta":
-        theirs = other.encoded_instead if isinstance(other, VlmCacheECWorkerMeta) else ()
-        return VlmCacheECWorkerMeta(tuple(dict.fromkeys(self.encoded_instead + theirs)))
+        if not isinstance(other, VlmCacheECWorkerMeta):
+            return self
+        return VlmCacheECWorkerMeta(
+            tuple(dict.fromkeys(self.encoded_instead + other.encoded_instead)),
+            self.reads + other.reads)
 
 
 class VlmCacheECConnector(ECConnectorBase):
@@ -102,7 +107,7 @@ class VlmCacheECConnector(ECConnectorBase):
         self._config = VlmCacheConfig.from_extra_config(extra)
         namespace = namespace_for_engine(vllm_config, self._config, encoder=True)
         self._store = shared_encoder_store(self._config)
-        self._planner = EncoderPlanner(namespace.digest, self._store.ensure_in_memory,
+        self._planner = EncoderPlanner(namespace.digest, self._store.contains,
                                        self._config.enable_encoder_cache,
                                        _gate(self._config, self._store, vllm_config))
         device = vllm_config.ec_transfer_config.ec_buffer_device or "cpu"
@@ -124,10 +129,11 @@ class VlmCacheECConnector(ECConnectorBase):
                                           for f in failed]
 
     def build_connector_worker_meta(self) -> Any:
-        if not self._encoded_instead:
+        reads = self._transfer.take_reads()
+        if not self._encoded_instead and not reads:
             return None
         done, self._encoded_instead = tuple(self._encoded_instead), []
-        return VlmCacheECWorkerMeta(done)
+        return VlmCacheECWorkerMeta(done, reads)
 
     def save_caches(self, encoder_cache: dict[str, Any], mm_hash: str, **kwargs: Any) -> None:
         if self._config.enable_encoder_cache:
@@ -171,6 +177,7 @@ class VlmCacheECConnector(ECConnectorBase):
         if isinstance(meta, VlmCacheECWorkerMeta):
             for request_id, identifier, input_id in meta.encoded_instead:
                 self._planner.on_encoded_instead(request_id, identifier, input_id)
+            self._planner.observe_reads(meta.reads)
 
     def request_finished(self, request: "Request") -> tuple[bool, dict[str, Any] | None]:
         items = self._planner.finish(request.request_id, len(request.mm_features or []))

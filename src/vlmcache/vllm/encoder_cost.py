@@ -4,7 +4,7 @@ The KV tier's :class:`~vlmcache.vllm.cost.CostModel`, applied to encoder outputs
 in the store's memory is always loaded (a copy to the device beats any encoder pass); one on
 disk only when its read is predicted faster than encoding the item again:
 
-    load_s   = fixed_s + bytes / read_bytes_per_s        (learned from the tier's own reads)
+    load_s   = fixed_s + bytes / read_bytes_per_s        (learned from the workers' reads)
     encode_s = embeds / encoder_embeds_per_s             (``encoder_embeds_per_s_prior``)
 
 A video's output can be hundreds of MB, so on a slow disk it is re-encoded. The embeds of a
@@ -15,7 +15,6 @@ its dtype's bytes), so the decision reads nothing but the store's index.
 from __future__ import annotations
 
 import logging
-import time
 from typing import Callable
 
 from vlmcache.vllm.cost import CostDecision, CostModel
@@ -53,13 +52,8 @@ class EncoderGate:
                 decision.reason)
         return decision
 
-    def read(self, key: str, available: Callable[[str], bool],
-             decision: CostDecision | None) -> bool:
-        """``available(key)`` (the read into memory), timed when it read from disk."""
-        if decision is None:
-            return available(key)
-        started = time.perf_counter()
-        found = available(key)
-        if found:
-            self.cost.observe_read(decision.nbytes, time.perf_counter() - started)
-        return found
+    def observe_read(self, nbytes: int, seconds: float) -> None:
+        """A read of a stored output from disk (or Redis) that a worker timed: the rate
+        the next decisions predict with."""
+        if nbytes > 0 and seconds > 0:
+            self.cost.observe_read(nbytes, seconds)

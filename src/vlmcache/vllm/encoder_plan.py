@@ -12,9 +12,11 @@ tenant: it is never stored. A lookup finds only what was stored, so it needs no 
 (an identifier vLLM hashed from content cannot equal one it hashed from a minted uuid).
 
 A promise the worker cannot keep is an encode, never a dead engine. The scheduler promises
-an output (``has``) after reading and verifying it into *its* memory copy; under vLLM's
-``mp`` executor the worker is another process with its own copy, which may have been
-evicted, and the file may have been removed or damaged in between. vLLM 0.32 has no
+an output (``has``) from the store's index alone: under vLLM's ``mp`` executor the worker
+is another process, which reads and verifies the output itself, so a scheduler-side read
+(31 MB and its sha256 for a 60-frame clip on Qwen2-VL-7B) would only stall the scheduler's
+loop before the worker's own read. The worker's copy may have been evicted, and the file
+removed or damaged, since the index said yes. vLLM 0.32 has no
 encoder-side ``recompute`` policy (its ``take_unavailable_requests`` fails the request, and
 a promised output missing at gather time raises "Encoder cache miss" and kills the
 EngineCore). So each load carries the request and input it serves, and a load that fails is
@@ -28,6 +30,7 @@ No vLLM import: :mod:`vlmcache.vllm.ec_connector` translates.
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass, field
 from typing import Callable, Mapping, Protocol
 
@@ -55,8 +58,6 @@ class EncoderLoad:
 
 class EncoderStore(Protocol):
     def contains(self, key: str) -> bool: ...
-
-    def ensure_in_memory(self, key: str) -> bool: ...
 
     def get(self, key: str) -> dict[str, torch.Tensor] | None: ...
 
@@ -86,18 +87,23 @@ class EncoderPlanner:
         return encoder_output_key(self.namespace_digest, identifier)
 
     def has(self, identifier: str) -> bool:
-        """Whether the stored output is present *and verified* in this process (a promise
-        the worker then fails to keep is encoded instead: :func:`encode_instead`), and, with
-        a gate, worth reading rather than encoding again."""
+        """Whether the store's index holds the output (``available``: no read, no side
+        effect; a promise the worker then fails to keep is encoded instead:
+        :func:`encode_instead`), and, with a gate, worth reading rather than encoding."""
         if not self._enabled:
             return False
         key = self.key(identifier)
-        if self._gate is None:
-            return self._available(key)
-        decision = self._gate.decide(key)
-        if decision is not None and decision.choice == "skip":
-            return False
-        return self._gate.read(key, self._available, decision)
+        if self._gate is not None:
+            decision = self._gate.decide(key)
+            if decision is not None and decision.choice == "skip":
+                return False
+        return self._available(key)
+
+    def observe_reads(self, reads: tuple[tuple[int, float], ...]) -> None:
+        """The workers' timed reads of stored outputs (bytes, seconds): the gate's rate."""
+        if self._gate is not None:
+            for nbytes, seconds in reads:
+                self._gate.observe_read(nbytes, seconds)
 
     def on_allocated(self, request_id: str, identifier: str, num_embeds: int,
                      input_id: int = -1) -> None:
@@ -158,6 +164,13 @@ class EncoderTransfer:
         self.loaded = 0
         self.saved = 0
         self.faults = 0
+        self._reads: list[tuple[int, float]] = []
+
+    def take_reads(self) -> tuple[tuple[int, float], ...]:
+        """The reads from disk or Redis since the last call, ``(bytes, seconds)`` each, for
+        the scheduler's gate (reads from this process's memory say nothing about them)."""
+        reads, self._reads = tuple(self._reads), []
+        return reads
 
     def load(self, loads: tuple[EncoderLoad, ...],
              encoder_cache: dict[str, object]) -> list[EncoderLoad]:
@@ -167,15 +180,11 @@ class EncoderTransfer:
         for item in loads:
             if item.identifier in encoder_cache:
                 continue
-            try:
-                chunk = self.store.get(item.key)
-            except Exception:  # a cache fault is an encode, never a crash
-                logger.debug("reading encoder output %s failed", item.key[:16], exc_info=True)
-                chunk = None
+            chunk = self._read(item.key)
             tensor = chunk.get(TENSOR_NAME) if chunk is not None else None
             if tensor is None or tensor.shape[0] != item.num_embeds:
-                # The scheduler verified its own copy; this process's copy was evicted and
-                # the file removed or damaged since (or it changed shape).
+                # The scheduler's index said yes; this process's copy was evicted and the
+                # file removed or damaged since (or it changed shape).
                 self.faults += 1
                 logger.warning("encoder output for %s vanished or changed shape after the "
                                "scheduler's lookup: encoded instead", item.identifier)
@@ -184,6 +193,20 @@ class EncoderTransfer:
             encoder_cache[item.identifier] = tensor.to(self.device)
             self.loaded += 1
         return failed
+
+    def _read(self, key: str) -> dict[str, torch.Tensor] | None:
+        """The stored output (read and verified), timed when it was not in memory."""
+        locate = getattr(self.store, "locate", None)
+        try:
+            where = locate(key) if locate is not None else None
+            started = time.perf_counter()
+            chunk = self.store.get(key)
+        except Exception:  # a cache fault is an encode, never a crash
+            logger.debug("reading encoder output %s failed", key[:16], exc_info=True)
+            return None
+        if chunk is not None and where is not None and where[0] != "memory":
+            self._reads.append((where[1], time.perf_counter() - started))
+        return chunk
 
     def save(self, encoder_cache: Mapping[str, object], identifier: str,
              tenant: str | None = None, scoped: bool = False) -> None:
