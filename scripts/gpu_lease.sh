@@ -21,11 +21,12 @@ video_args=${VIDEO_ARGS:-"--model benchmarks/geometries/qwen2vl7b --dummy-weight
   --max-model-len 16384 --max-num-batched-tokens 16384 --gpu-memory-utilization 0.4 \
   --turns paired"}
 # --proxy-workers 8: the front's one-process ceiling (~50 req/s) was ours' cap in the
-# 2026-11-28 run. Rates of the 2026-11-29 1-GPU run (plain saturates near 50-60 req/s on
-# LLaVA, 30-35 on Qwen; ours near 74 / 54); Qwen gains 56 between 40 and 72
+# 2026-11-28 run. Rates of the fourth 2026-11-29 run (serve-gpu.json: plain peaked at 70
+# on LLaVA and 56 on Qwen, ours at 84 / 72); no --budget-s: it skipped the high rates when
+# a fresh machine's first start took 4 minutes (the run then spans two device calls)
 serve_args=${SERVE_ARGS:-"--phase-s 10 --drain-s 8 --pause-s 2 --ours-layout proxy \
-  --proxy-workers 8 --budget-s 360"}
-serve_shapes=${SERVE_SHAPES:-"llava7b:12,56,84,112 qwen2vl7b:8,40,56,72"}
+  --proxy-workers 8"}
+serve_shapes=${SERVE_SHAPES:-"llava7b:12,56,70,84,112 qwen2vl7b:8,40,48,56,72,88"}
 # one-diag: DIAG_SHAPE (default llava7b:12,56) once per DIAG_CONFIGS entry (NAME=JSON,
 # space-separated; ours' --ours-config), each beside plain again: diag-NAME.json
 diag_shape=${DIAG_SHAPE:-"llava7b:12,56"}

@@ -71,3 +71,18 @@ def test_a_refused_call_is_a_warning_not_a_failure(caplog, monkeypatch):
     assert [r.message for r in caplog.records].count(
         "vlmcache front: could not set its threads' CPU affinity ([Errno 22] Invalid "
         "argument); they run where the OS puts them") == 1
+
+
+@linux_only
+def test_a_plan_after_pinning_the_process_is_the_same_plan(monkeypatch):
+    """A proxy worker pins itself, then its front plans its threads' share: from the CPUs
+    the process had, not from the share it was pinned to (which would give away 4 more)."""
+    calls = []
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)))
+    monkeypatch.setattr(os, "sched_setaffinity", lambda pid, cpus: calls.append(set(cpus)))
+    monkeypatch.setattr(cpu_share, "_BEFORE_PIN", None)
+    share = plan(4, 5)
+    cpu_share.pin_process(share)
+    assert calls == [set(range(4, 16))]
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(4, 16)))  # pinned now
+    assert plan(4, 5) == share

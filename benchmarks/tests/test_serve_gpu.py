@@ -365,3 +365,31 @@ def test_the_engine_behind_ours_proxy_is_where_its_metrics_are():
     proxied = SimpleNamespace(url="http://p", engine=SimpleNamespace(url="http://e"))
     assert engine_url(proxied) == "http://e"
     assert engine_url(SimpleNamespace(url="http://plain")) == "http://plain"
+
+
+def test_a_server_that_lost_the_memory_profiling_race_starts_again_alone() -> None:
+    from vlmcache_lab.serve_gpu_servers import KV_MEMORY_RACE, start_servers
+
+    class Fake:
+        def __init__(self, failures: list[str]) -> None:
+            self.failures, self.starts, self.stops = failures, 0, 0
+
+        def start(self) -> None:
+            self.starts += 1
+            if self.failures:
+                raise RuntimeError(self.failures.pop(0))
+
+        def stop(self) -> None:
+            self.stops += 1
+
+    ok, raced = Fake([]), Fake([f"server exited (1): ValueError: {KV_MEMORY_RACE}."])
+    took = start_servers({"plain": ok, "ours": raced})
+    assert set(took) == {"plain", "ours"} and (ok.starts, raced.starts) == (1, 2)
+    # any other failure (or a race that recurs) stops them all and raises
+    broken = Fake(["server exited (1): bad flag"])
+    with pytest.raises(RuntimeError, match="bad flag"):
+        start_servers({"plain": Fake([]), "ours": broken})
+    again = Fake([KV_MEMORY_RACE, KV_MEMORY_RACE])
+    with pytest.raises(RuntimeError, match=KV_MEMORY_RACE):
+        start_servers({"plain": Fake([]), "ours": again})
+    assert again.starts == 2

@@ -45,7 +45,10 @@ class CpuShare:
 
 def allowed_cpus() -> frozenset[int]:
     """The CPUs this process may run on (its affinity, e.g. under ``taskset`` or a
-    container's cpuset), or ``range(os.cpu_count())`` where affinity is not available."""
+    container's cpuset, as it was before :func:`pin_process`), or
+    ``range(os.cpu_count())`` where affinity is not available."""
+    if _BEFORE_PIN is not None:
+        return _BEFORE_PIN
     if hasattr(os, "sched_getaffinity"):
         return frozenset(os.sched_getaffinity(0))
     return frozenset(range(os.cpu_count() or 1))
@@ -61,6 +64,7 @@ def plan(engine_cpus: int, nice: int, allowed: frozenset[int] | None = None) -> 
     return CpuShare(rest, nice, len(rest))
 
 
+_BEFORE_PIN: frozenset[int] | None = None  # the process's CPUs before pin_process
 _SHARE = CpuShare(None, 0, len(allowed_cpus()))
 _WARNED: set[str] = set()
 
@@ -89,8 +93,11 @@ def pin_process(share: CpuShare) -> None:
     """Pin this whole process (every thread it starts from now on: its event loop, torch's
     and OpenMP's threads) to the front's CPUs. For ``vlmcache proxy``'s workers, which are
     the front's own processes; priority is left alone (their event loops relay tokens)."""
+    global _BEFORE_PIN
     if share.cpus is not None:
+        before = allowed_cpus()  # a later plan() is made from these, not from the share
         _call("affinity", lambda: os.sched_setaffinity(0, share.cpus))
+        _BEFORE_PIN = before
 
 
 def _apply(share: CpuShare, tid: int) -> None:
