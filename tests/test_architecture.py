@@ -8,7 +8,8 @@ from pathlib import Path
 SRC = Path(__file__).resolve().parent.parent / "src" / "vlmcache"
 
 #: docs/architecture.md's layers, bottom first: a package may import its own layer or below.
-LAYERS = (("config", "config_ranges", "cpu_share", "errors", "routes", "tenant_secret"), ("store", "embedders", "index"),
+LAYERS = (("config", "config_ranges", "cpu_share", "errors", "routes", "tenant_secret"),
+          ("store", "embedders", "index"),
           ("keys", "tiers"),
           ("shared",), ("cascade", "vllm"), ("report",),
           ("api", "api_media", "serving", "models", "testing"), ("bench",), ("cli",))

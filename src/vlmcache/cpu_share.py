@@ -13,8 +13,9 @@ processes (:func:`pin_process`) and its helper threads in any layout
 (:func:`thread_initializer`, for every pool the front starts) run on the others. In the
 proxy's own processes those threads also run at a lower priority (``front_thread_nice``);
 inside vLLM's API server they never do: a deprioritized thread that holds the GIL when the
-OS preempts it stalls every other thread of the process, vLLM's event loop included. vLLM's own processes are left
-unpinned: the scheduler puts them on the CPUs the front leaves free. A host too small to
+OS preempts it stalls every other thread of the process, vLLM's event loop included.
+vLLM's own processes are left unpinned: the scheduler puts them on the CPUs the front
+leaves free. A host too small to
 leave at least :data:`MIN_FRONT_CPUS` to the front is not partitioned. Nothing here can
 fail a request: a refused call (no permission, not Linux) is logged once and ignored.
 """

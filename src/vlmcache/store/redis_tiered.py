@@ -4,7 +4,8 @@ Reads: memory, then disk, then Redis (a Redis hit is verified, then kept locally
 locally as before, and to Redis behind the caller (bounded queue; drops are counted). A
 ``read_gate`` lets a load-vs-recompute cost model veto a Redis read from the tier's
 measured cost and the chunk's size before any payload moves: a chunk only Redis holds
-counts as present (``contains``, what a caller asks before promising a load) only when the gate accepts it; ``get`` reads whatever it is asked for.
+counts as present (``contains``, what a caller asks before promising a load) only when the
+gate accepts it; ``get`` reads whatever it is asked for.
 """
 
 from __future__ import annotations

@@ -25,7 +25,8 @@ Locate = Callable[[str], "tuple[str, int] | None"]
 
 
 class EncoderGate:
-    """Whether a stored encoder output is worth loading; learns the tier's read rate."""
+    """Whether a stored encoder output is worth loading (its cost model learns the read rate
+    from the workers' timed reads: :meth:`EncoderPlanner.observe_reads`)."""
 
     def __init__(self, cost: CostModel, locate: Locate, bytes_per_embed: int) -> None:
         if bytes_per_embed <= 0:
@@ -51,9 +52,3 @@ class EncoderGate:
             log("vlmcache encoder tier: encoding instead of loading %s: %s", key[:16],
                 decision.reason)
         return decision
-
-    def observe_read(self, nbytes: int, seconds: float) -> None:
-        """A read of a stored output from disk (or Redis) that a worker timed: the rate
-        the next decisions predict with."""
-        if nbytes > 0 and seconds > 0:
-            self.cost.observe_read(nbytes, seconds)

@@ -103,7 +103,7 @@ class EncoderPlanner:
         """The workers' timed reads of stored outputs (bytes, seconds): the gate's rate."""
         if self._gate is not None:
             for nbytes, seconds in reads:
-                self._gate.observe_read(nbytes, seconds)
+                self._gate.cost.observe_read(nbytes, seconds)
 
     def on_allocated(self, request_id: str, identifier: str, num_embeds: int,
                      input_id: int = -1) -> None:
