@@ -158,6 +158,12 @@ class VlmCacheConfig:
         video_handoff_ttl_s: how long a kept decode waits for the engine's loader (one
             the engine never asks for, an answer from the response tier, leaves then).
         max_request_bytes: largest request body the front accepts.
+        miss_overlap_max_inflight: while the front has fewer engine calls in flight than
+            this (per process), a request the response tier missed is sent to the engine
+            on its own identity while the similarity tiers (image, paraphrase, video) still
+            look; the call is kept when they find nothing, and aborted before any of its
+            output is sent when they canonicalize the request. Hides their time on a miss
+            when the engine has room; under load nothing is sent twice. 0: never.
         engine_cpus: CPUs of this host the front leaves to vLLM's own processes (its API
             server, its engine core's launch loop): the front's helper threads and
             ``vlmcache proxy``'s workers run on the others, so the front's compute never
@@ -297,6 +303,9 @@ class VlmCacheConfig:
     # under load the record queue can outgrow the recorder, and every lookup waited for
     # all of it; a bound keeps that a tax of at most this much
     record_wait_ms: float = 100.0
+    # the similarity lookups are most of a miss's front time: hidden behind the engine's
+    # start while the engine has room (serve-gpu.json's lowest-rate miss TTFT)
+    miss_overlap_max_inflight: int = 2
     # --- end issue 35 ---
     # --- issue 14B: the shared Redis tier ---
     redis_url: str | None = None

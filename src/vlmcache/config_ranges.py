@@ -141,6 +141,7 @@ RANGES: dict[str, Range] = {
     "max_video_pixels": _COUNT,
     "max_video_duration_s": _POSITIVE_S,
     "video_handoff_ttl_s": _POSITIVE_S,
+    "miss_overlap_max_inflight": Range(0, 1_000_000, note="0: never overlap"),
     "engine_cpus": Range(0, 1024, note="CPUs left to vLLM; 0: no partition"),
     "front_thread_nice": Range(0, 19, note="a Linux niceness increment"),
     "max_videos_per_request": _COUNT,

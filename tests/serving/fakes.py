@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import io
+import asyncio
 import json
 import threading
 import time
@@ -37,11 +38,16 @@ def chat(question: str, *images: Image.Image, tenant: str | None = None, **extra
 
 class FakeEngineApp:
     """Answers chat/completions with text derived from the body it got (so a rewrite
-    shows in the answer) and a ``kv_transfer_params`` block like vlmcache's connector."""
+    shows in the answer) and a ``kv_transfer_params`` block like vlmcache's connector.
 
-    def __init__(self, status: int = 200) -> None:
+    As vLLM's server does, it aborts a request whose client leaves before the answer
+    starts going out: ``bodies`` holds the requests it answered, ``aborted`` the others."""
+
+    def __init__(self, status: int = 200, latency_s: float = 0.0) -> None:
         self.bodies: list[dict] = []
+        self.aborted: list[dict] = []
         self.status = status
+        self.latency_s = latency_s  # the engine's time before its answer starts
 
     async def __call__(self, scope, receive, send):
         raw = b""
@@ -51,10 +57,21 @@ class FakeEngineApp:
             if not msg.get("more_body"):
                 break
         body = json.loads(raw)
-        self.bodies.append(body)
+        answer = asyncio.ensure_future(self._answer(body, send))
+        left = asyncio.ensure_future(_disconnected(receive))
+        done, _ = await asyncio.wait({answer, left}, return_when=asyncio.FIRST_COMPLETED)
+        if answer in done:
+            left.cancel()
+            answer.result()
+            return
+        answer.cancel()
+        self.aborted.append(body)
+
+    async def _answer(self, body, send):
+        await asyncio.sleep(self.latency_s)
         if self.status != 200:
             await self._send(send, self.status, b'{"error": {"message": "bad", "code": 400}}',
-                             b"application/json")
+                             b"application/json", body)
             return
         text = "answer:" + json.dumps(body.get("messages") or body.get("prompt"))[-24:]
         if body.get("stream"):
@@ -69,11 +86,12 @@ class FakeEngineApp:
             data = b"".join(b"data: " + json.dumps(c).encode() + b"\n\n" for c in chunks)
             await send({"type": "http.response.start", "status": 200,
                         "headers": [(b"content-type", b"text/event-stream")]})
+            self.bodies.append(body)
             await send({"type": "http.response.body", "body": data, "more_body": True})
             await send({"type": "http.response.body", "body": b"data: [DONE]\n\n",
                         "more_body": False})
             return
-        out = {"id": f"chatcmpl-{len(self.bodies)}", "object": "chat.completion",
+        out = {"id": f"chatcmpl-{len(self.bodies) + 1}", "object": "chat.completion",
                "created": 1, "model": "m",
                "choices": [{"index": 0, "finish_reason": "stop",
                             "message": {"role": "assistant", "content": text}}],
@@ -81,14 +99,19 @@ class FakeEngineApp:
                "kv_transfer_params": {"vlmcache": {"prompt_tokens": 96, "tokens_loaded": 64,
                                                    "namespace": "n" * 64,
                                                    "offload_keys": "6b31,6b32"}}}
-        await self._send(send, 200, json.dumps(out).encode(), b"application/json")
+        await self._send(send, 200, json.dumps(out).encode(), b"application/json", body)
 
-    @staticmethod
-    async def _send(send, status, raw, ctype):
+    async def _send(self, send, status, raw, ctype, body):
         await send({"type": "http.response.start", "status": status,
                     "headers": [(b"content-type", ctype),
                                 (b"content-length", str(len(raw)).encode())]})
+        self.bodies.append(body)
         await send({"type": "http.response.body", "body": raw})
+
+
+async def _disconnected(receive) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
 
 
 def clip_frames(seed: int = 0, n: int = 12, h: int = 64, w: int = 96):

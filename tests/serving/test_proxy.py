@@ -91,7 +91,10 @@ def _jpeg(question, im, tenant):
 def test_affinity_sends_a_canonicalized_jpeg_to_the_replica_of_its_original(tmp_path,
                                                                            upstreams):
     urls, engines = upstreams
-    front = _front(tmp_path, enable_image_embedding=True, response_after_canonical=False)
+    # where canonical bodies go: no engine call started before the cascade decides (a
+    # dropped one reaches its replica too; test_overlap.py covers those)
+    front = _front(tmp_path, enable_image_embedding=True, response_after_canonical=False,
+                   miss_overlap_max_inflight=0)
     assert front.config.proxy_routing == "affinity"  # the default
     app = build_proxy_app(front, urls)
     images = []

@@ -31,7 +31,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.fixture
 def engine():
-    app = FakeEngineApp()
+    # an engine's time to answer: a call the front starts before its cascade decides is
+    # dropped (aborted) well before it answers, as on a real engine
+    app = FakeEngineApp(latency_s=0.3)
     with serving(app) as url:
         yield url, app
 

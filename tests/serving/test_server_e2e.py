@@ -74,6 +74,30 @@ def test_re_encoded_image_is_canonicalized_and_reuses_the_prompt(client, server,
     assert jpeg == first
 
 
+def test_a_canonicalized_request_aborts_the_engine_call_started_before_it(client, server,
+                                                                          images):
+    """A miss's engine call starts while the cascade looks (``miss_overlap_max_inflight``):
+    on a near-duplicate it is aborted inside vLLM, and only the canonical request finishes."""
+    model = str(server.argv[4])
+    before = _finished(server.url)
+    first, r1 = ask(client, model, "what shape is in the image?", _url(images[2]),
+                    tenant="overlap")
+    jpeg, r2 = ask(client, model, "what shape is in the image?", _url(images[2], "JPEG"),
+                   tenant="overlap")
+    assert (r1["miss_overlap"], r2["miss_overlap"]) == ("kept", "dropped")
+    assert r2["hit_tier"] == "embedding:vision" and jpeg == first
+    assert _finished(server.url) == before + 2  # the dropped call never finished
+
+
+def _finished(url: str) -> float:
+    """Requests vLLM finished with an answer (stop or length), from its own metrics."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return sum(s.value for f in text_string_to_metric_families(httpx.get(url + "/metrics").text)
+               for s in f.samples if s.name == "vllm:request_success_total"
+               and s.labels.get("finished_reason") in ("stop", "length"))
+
+
 def test_other_tenant_misses_every_tier(client, server, images):
     model = str(server.argv[4])
     url = _url(images[2])

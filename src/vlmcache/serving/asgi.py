@@ -25,8 +25,10 @@ from typing import Any, Awaitable, Callable
 import anyio.to_thread
 
 from vlmcache.errors import RequestError, RequestTooLarge
-from vlmcache.serving.front import CascadeFront, FrontPlan, error_field, report_body
+from vlmcache.serving.front import CascadeFront
+from vlmcache.serving.plan import FrontPlan, error_field, report_body
 from vlmcache.serving.openai_req import Endpoint, load_body, request_tenant
+from vlmcache.serving.overlap import InFlight, OverlappedCall
 from vlmcache.serving.rewrite import bind_tenant
 from vlmcache.routes import (RoutePolicy, parse_open_routes, refusal_message,
                                      route_policy)
@@ -57,6 +59,7 @@ class VlmCacheMiddleware:
         self.app = app
         self.front = front if front is not None else front_from_env()
         self.open_routes = parse_open_routes(self.front.config.open_routes)
+        self.in_flight = InFlight(self.front.config.miss_overlap_max_inflight)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] not in ("http", "websocket"):  # lifespan
@@ -78,16 +81,59 @@ class VlmCacheMiddleware:
                        send: Send) -> None:
         try:
             raw = await _read_body(receive, self.front.config.max_request_bytes)
-            plan = await anyio.to_thread.run_sync(self.front.begin, endpoint, raw,
-                                                  _headers(scope))
+            held = self.in_flight.take()  # taken now: a burst of misses overlaps only so far
+            try:
+                plan = await anyio.to_thread.run_sync(self.front.prepare, endpoint, raw,
+                                                      _headers(scope), held)
+                if plan.miss_forward is not None:
+                    await self._overlapped(plan, scope, receive, send)
+                    return
+            finally:
+                if held:
+                    self.in_flight.release()
+            if plan.cached is None:
+                await anyio.to_thread.run_sync(self.front.resolve, plan)
         except RequestError as exc:
-            self.front.refused(exc)
-            await _send_error(send, 413 if isinstance(exc, RequestTooLarge) else 400, exc)
+            await self._bad_request(send, exc)
             return
+        await self._answer(plan, scope, receive, send)
+
+    async def _answer(self, plan: FrontPlan, scope: Scope, receive: Receive,
+                      send: Send) -> None:
+        """A resolved request: the stored answer, or the engine's on the rewritten body."""
         if plan.cached is not None:
             await self._send_cached(plan, send)
             return
-        await self._forward(plan.forward, scope, receive, _Capture(self.front, plan, send))
+        with self.in_flight:
+            await self._forward(plan.forward, scope, receive, _Capture(self.front, plan, send))
+
+    async def _overlapped(self, plan: FrontPlan, scope: Scope, receive: Receive,
+                          send: Send) -> None:
+        """The engine starts on the miss's body while the cascade looks (see
+        :mod:`vlmcache.serving.overlap`); the call is kept, or dropped for the cascade's
+        choice. The answer goes out before a dropped call has wound down."""
+        data = _json_bytes(plan.miss_forward)
+        call = OverlappedCall(self.app, _forward_scope(scope, data), data, receive)
+        async with anyio.create_task_group() as tg:  # in flight: the caller's slot
+            tg.start_soon(call.run)
+            try:
+                await anyio.to_thread.run_sync(self.front.resolve, plan)
+            except RequestError as exc:
+                call.drop()
+                await self._bad_request(send, exc)
+                return
+            except BaseException:
+                call.drop()
+                raise
+            if self.front.keep_overlap(plan):
+                call.keep(_Capture(self.front, plan, send))
+                return
+            call.drop()
+            await self._answer(plan, scope, receive, send)
+
+    async def _bad_request(self, send: Send, exc: RequestError) -> None:
+        self.front.refused(exc)
+        await _send_error(send, 413 if isinstance(exc, RequestTooLarge) else 400, exc)
 
     async def _refuse(self, scope: Scope, receive: Receive, send: Send, method: str,
                       path: str, policy: RoutePolicy) -> None:
@@ -122,8 +168,7 @@ class VlmCacheMiddleware:
                                    "inputs are not accepted on this route")
             tenant = request_tenant(body, _headers(scope))
         except RequestError as exc:
-            self.front.refused(exc)
-            await _send_error(send, 413 if isinstance(exc, RequestTooLarge) else 400, exc)
+            await self._bad_request(send, exc)
             return
         bound = bind_tenant(body, tenant if policy.kind == "bound" else None, config)
         await self._forward(bound, scope, receive, send)
@@ -146,12 +191,8 @@ class VlmCacheMiddleware:
 
     async def _forward(self, body: dict[str, Any] | None, scope: Scope, receive: Receive,
                        send: Send) -> None:
-        data = json.dumps(body).encode()
-        scope = dict(scope)
-        scope["headers"] = [(k, v) for k, v in scope.get("headers", [])
-                            if k.lower() != b"content-length"]
-        scope["headers"].append((b"content-length", str(len(data)).encode()))
-        await self.app(scope, _replay(data, receive), send)
+        data = _json_bytes(body)
+        await self.app(_forward_scope(scope, data), _replay(data, receive), send)
 
 
 class _Capture:
@@ -265,6 +306,20 @@ def _route_path(scope: Scope) -> str:
     if root and path.startswith(root) and path[len(root):len(root) + 1] in ("/", ""):
         return path[len(root):]
     return path
+
+
+def _json_bytes(body: dict[str, Any] | None) -> bytes:
+    return json.dumps(body).encode()
+
+
+def _forward_scope(scope: Scope, data: bytes) -> Scope:
+    """``scope`` with the content length of the forwarded body ``data``."""
+    size = len(data)
+    out = dict(scope)
+    out["headers"] = [(k, v) for k, v in scope.get("headers", [])
+                      if k.lower() != b"content-length"]
+    out["headers"].append((b"content-length", str(size).encode()))
+    return out
 
 
 def _headers(scope: Scope) -> dict[str, str]:

@@ -15,17 +15,16 @@ import secrets
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 import vlmcache.cpu_share as cpu_share
-from vlmcache.cascade import (RESPONSE_TIER, Cascade, CascadeRequest, Resolution, TierStatus,
-                              build_cascade)
+from vlmcache.cascade import RESPONSE_TIER, Cascade, CascadeRequest, Resolution, build_cascade
 from vlmcache.config import VlmCacheConfig
 from vlmcache.errors import RequestError
 from vlmcache.report import EncoderReuse, KVReuse, ReuseReport, build_report
 from vlmcache.serving.metrics import FrontMetrics
 from vlmcache.serving.openai_req import Endpoint, ParsedRequest, load_body, parse_request
+from vlmcache.serving.plan import FrontPlan, cached_report, error_field, report_body
 from vlmcache.serving.rewrite import forward_identity, rewrite_body
 from vlmcache.tiers.response import (LocalRecordStore, RecordStore, ResponseTier,
                                      canonical_request, is_deterministic)
@@ -37,23 +36,6 @@ STORABLE_FINISH = ("stop", "length")
 #: Response fields a stored response does not keep (per-request, or ours).
 _UNSTORED = ("vlmcache", "kv_transfer_params", "ec_transfer_params", "prompt_token_ids",
              "metrics")
-
-
-@dataclass
-class FrontPlan:
-    """One request between :meth:`CascadeFront.begin` and :meth:`CascadeFront.finish`."""
-
-    request: ParsedRequest
-    resolution: Resolution | None
-    response_key: str | None
-    response_status: TierStatus
-    cached: dict[str, Any] | None
-    forward: dict[str, Any] | None
-    started: float
-    stages: dict[str, float] = field(default_factory=dict)
-    #: The response-tier key of the canonical request (``response_after_canonical``), when
-    #: the cascade rewrote this one; ``cached`` came from it if it is set and not ``None``.
-    canonical_key: str | None = None
 
 
 class CascadeFront:
@@ -118,22 +100,47 @@ class CascadeFront:
 
     def begin(self, endpoint: Endpoint, raw: bytes, headers: Mapping[str, str]) -> FrontPlan:
         """Decode, look up and rewrite one request; :class:`RequestError` if it is bad."""
+        plan = self.prepare(endpoint, raw, headers)
+        if plan.cached is None:
+            self.resolve(plan)
+        return plan
+
+    def prepare(self, endpoint: Endpoint, raw: bytes, headers: Mapping[str, str],
+                overlap: bool = False) -> FrontPlan:
+        """Decode the request and ask the response tier (:class:`RequestError` if it is
+        bad). With ``overlap``, where the cascade still has similarity lookups to run for
+        it, also the body the engine gets if they find nothing (``plan.miss_forward``):
+        the caller may start the engine on it while :meth:`resolve` runs."""
         started = time.perf_counter()
         req = parse_request(endpoint, load_body(raw), headers, self.config, self.sampling)
         t_decoded = time.perf_counter()
         plan = FrontPlan(req, None, None, "skip", None, None, started,
                          {"decode": t_decoded - started})
         self._lookup_response(plan)
-        t_response = t_response_start = time.perf_counter()
+        t_response = time.perf_counter()
         plan.stages["response_lookup"] = t_response - t_decoded
-        if plan.cached is not None:
-            return plan
+        # not with videos: a dropped call's clip would still be processed by vLLM's server
+        # (its frames, before the engine sees it), holding the loop longer than the hidden
+        # lookups take
+        if overlap and plan.cached is None and not req.options.bypass and not req.videos \
+                and req.transcript is not None \
+                and self.cascade.has_similarity_lookups(bool(req.images), False):
+            plan.miss_forward = rewrite_body(req, None, self.config)
+            plan.stages["miss_body"] = time.perf_counter() - t_response
+        return plan
+
+    def resolve(self, plan: FrontPlan) -> None:
+        """Run the cascade on a prepared request and write the body to forward
+        (``plan.forward``); after a rewrite, ask the response tier for the canonical
+        request's answer (``plan.cached``)."""
+        req = plan.request
+        t_response = t_start = time.perf_counter()
         if not req.options.bypass and req.transcript is not None:
             # read your writes: answers already sent are findable, within a bound
             if not self.drain(self.config.record_wait_ms / 1000.0) and self.metrics is not None:
                 self.metrics.record_waits_cut.inc()
             t_response = time.perf_counter()
-            plan.stages["wait_records"] = t_response - t_response_start
+            plan.stages["wait_records"] = t_response - t_start
             plan.resolution = self._resolve(req)
         t_cascade = time.perf_counter()
         plan.forward = rewrite_body(req, plan.resolution, self.config)
@@ -143,7 +150,16 @@ class CascadeFront:
         if self.config.response_after_canonical:
             self._lookup_canonical(plan)
             plan.stages["canonical_lookup"] = time.perf_counter() - t_rewrite
-        return plan
+
+    def keep_overlap(self, plan: FrontPlan) -> bool:
+        """Whether the engine call started on ``plan.miss_forward`` is the answer: the
+        cascade found nothing to answer from and forwards exactly that body. Otherwise
+        the call is dropped (the caller aborts it) and the cascade's choice goes ahead."""
+        kept = plan.cached is None and plan.forward == plan.miss_forward
+        plan.overlap = "kept" if kept else "dropped"
+        if self.metrics is not None:
+            self.metrics.miss_overlaps.labels(plan.overlap).inc()
+        return kept
 
     def _resolve(self, req: ParsedRequest) -> Resolution | None:
         """The cascade's resolution; a fault in a tier is a miss and a log line."""
@@ -200,7 +216,7 @@ class CascadeFront:
         prefix = "chatcmpl" if plan.request.endpoint == "chat" else "cmpl"
         body["id"] = f"{prefix}-vlmc-{secrets.token_hex(12)}"
         body["created"] = int(time.time())
-        report = dataclasses.replace(_cached_report(plan, body),
+        report = dataclasses.replace(cached_report(plan, body),
                                      video_encoder_mixes_frames=self._mixes(plan))
         if plan.canonical_key is not None and plan.resolution is not None:
             # as the engine path would: the request's images and question become findable
@@ -318,45 +334,6 @@ def _canonicalized(req: ParsedRequest, res: Resolution) -> bool:
     media = req.image_hashes + req.video_hashes
     return (req.transcript is not None and res.prompt != req.transcript) \
         or (bool(res.media_hashes) and res.media_hashes != media)
-
-
-def _cached_report(plan: FrontPlan, body: dict[str, Any]) -> ReuseReport:
-    """The report of a response-tier hit; one found under the canonical key also says how
-    the cascade got there (its statuses, tier, score, canonical text and images)."""
-    req = plan.request
-    usage = body.get("usage") if isinstance(body.get("usage"), dict) else {}
-    report = ReuseReport(
-        request_id=body["id"], hit_tier=RESPONSE_TIER, statuses={RESPONSE_TIER: "hit"},
-        similarity=1.0, canonical_prompt=None,
-        prompt_tokens=int(usage.get("prompt_tokens") or 0), tokens_loaded=0,
-        tokens_from_prefix_cache=0, tokens_computed=0, blocks_saved=0,
-        load_failed_blocks=0, latency_s=time.perf_counter() - plan.started,
-        videos=req.video_hashes, video_frames=req.video_frames)
-    res = plan.resolution
-    if plan.canonical_key is None or res is None:
-        return report
-    rw = res.rewrite
-    images = rw is not None and res.images is not None  # the canonical pixels were sent
-    return dataclasses.replace(
-        report, statuses={RESPONSE_TIER: "hit", **res.statuses}, similarity=res.similarity,
-        canonical_prompt=res.matched.canonical_prompt if res.matched else None,
-        canonical_question=rw.canonical_question if rw is not None else None,
-        canonical_images=rw.canonical_images if rw is not None and images else (),
-        image_similarity=rw.image_scores if rw is not None and images else (),
-        videos=res.video_hashes or req.video_hashes, canonical_tier=res.hit_tier)
-
-
-def report_body(plan: FrontPlan, report: ReuseReport) -> dict[str, Any]:
-    """The report as the response carries it: :meth:`ReuseReport.to_dict` plus the
-    front's own time per stage (``front_ms``)."""
-    return {**report.to_dict(),
-            "front_ms": {k: round(v * 1000, 4) for k, v in plan.stages.items()}}
-
-
-def error_field(error: RequestError) -> str:
-    """The field a :class:`RequestError` names (its message starts ``field: ...``)."""
-    head = str(error).split(":", 1)[0]
-    return head if head and " " not in head else "request"
 
 
 def _tiers_on(config: VlmCacheConfig) -> list[str]:

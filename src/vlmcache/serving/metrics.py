@@ -38,6 +38,7 @@ class FrontMetrics:
     kv_path: Counter
     video_frames: Counter
     record_waits_cut: Counter
+    miss_overlaps: Counter
     tenant_label: bool = True
 
     @classmethod
@@ -78,6 +79,10 @@ class FrontMetrics:
             record_waits_cut=Counter("vlmcache_front_record_waits_cut", "Lookups that "
                                      "stopped waiting for earlier answers' records after "
                                      "record_wait_ms", registry=reg),
+            miss_overlaps=Counter("vlmcache_front_miss_overlaps", "Engine calls started "
+                                  "while the cascade still looked (miss_overlap_max_inflight), "
+                                  "by outcome: kept as the answer, or dropped (aborted) for "
+                                  "the cascade's hit", ["outcome"], registry=reg),
             tenant_label=tenant_label)
 
     def tenant(self, tenant: str | None) -> str:

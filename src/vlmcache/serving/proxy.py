@@ -62,6 +62,14 @@ class UpstreamApp:
         if scope["type"] != "http":
             return
         body = await _body(receive)
+        async with anyio.create_task_group() as tg:
+            # a client that leaves ends the upstream call, as vLLM's server aborts its
+            # request when its own client leaves (the front drops overlapped calls so)
+            tg.start_soon(_cancel_on_disconnect, receive, tg.cancel_scope)
+            await self._exchange(scope, body, send)
+            tg.cancel_scope.cancel()
+
+    async def _exchange(self, scope: Scope, body: bytes, send: Send) -> None:
         key = await self._key(body)
         headers = [(k, v) for k, v in scope.get("headers", []) if k.lower() not in _HOP_HEADERS]
         tried: list[int] = []
@@ -85,6 +93,9 @@ class UpstreamApp:
                         continue
                 await _bad_gateway(send, f"upstream unavailable: {type(exc).__name__}")
                 return
+            except BaseException:
+                self.router.finished(index)
+                raise
             break
         try:
             await send({"type": "http.response.start", "status": resp.status_code,
@@ -95,7 +106,8 @@ class UpstreamApp:
             await send({"type": "http.response.body", "body": b"", "more_body": False})
         finally:
             self.router.finished(index)
-            await resp.aclose()
+            with anyio.CancelScope(shield=True):  # closes the upstream connection on a cancel
+                await resp.aclose()
 
     async def _key(self, body: bytes) -> str | None:
         """The body's affinity key (round robin needs none)."""
@@ -167,6 +179,13 @@ async def _body(receive: Receive) -> bytes:
         if not message.get("more_body", False):
             break
     return b"".join(parts)
+
+
+async def _cancel_on_disconnect(receive: Receive, scope: anyio.CancelScope) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
+    logger.debug("proxy: the client left; its upstream call is cancelled")
+    scope.cancel()
 
 
 async def _lifespan(receive: Receive, send: Send) -> None:
