@@ -393,3 +393,27 @@ def test_a_server_that_lost_the_memory_profiling_race_starts_again_alone() -> No
     with pytest.raises(RuntimeError, match=KV_MEMORY_RACE):
         start_servers({"plain": Fake([]), "ours": again})
     assert again.starts == 2
+
+
+def test_a_kept_overlap_counts_only_the_front_time_before_the_engine_started() -> None:
+    import json
+
+    from vlmcache_lab.serve_gpu_load import _on_line, summarize
+
+    def row(i: int, overlap: str | None) -> dict:
+        r = {"i": i, "status": 200, "ttft_ms": 100.0, "e2e_ms": 200.0, "tier": None,
+             "kind": "new"}
+        report = {"hit_tier": None, "front_ms": {"decode": 2.0, "response_lookup": 0.5,
+                                                 "miss_body": 0.1, "cascade": 4.0,
+                                                 "rewrite": 0.1}}
+        if overlap is not None:
+            report["miss_overlap"] = overlap
+        _on_line(r, "data: " + json.dumps({"choices": [], "vlmcache": report}), 0.0)
+        return r
+
+    kept, dropped, plain = row(0, "kept"), row(1, "dropped"), row(2, None)
+    assert kept["front_ms"] == pytest.approx(2.6)  # the cascade and rewrite ran beside it
+    assert dropped["front_ms"] == pytest.approx(6.7) == plain["front_ms"]
+    out = summarize([kept, dropped, plain], 1.0, Slo())
+    assert out["overlaps"] == {"dropped": 1, "kept": 1}
+    assert out["miss_overlap"] == {"None": 1, "dropped": 1, "kept": 1}

@@ -50,14 +50,18 @@ log = logging.getLogger(__name__)
 STOP_S = 15.0  # to stop both servers and write the result
 
 def warm_up(servers: dict[str, Server], model: str, seed: int) -> None:
-    """A few unrelated requests each (first-request costs out of the measured phases)."""
+    """Unrelated requests each (first-request costs out of the measured phases): prompts of
+    12 lengths, the later ones overlapping, so the engine's kernels meet the token counts a
+    phase brings (Triton specializes on them: after 4 same-length warm-up requests a
+    Qwen2-VL run logged a JIT compile of its rotary kernel around its first phase)."""
     from vlmcache_lab.serve_gpu_trace import ImageSpec, TraceRequest
 
-    reqs = [TraceRequest("warm", "tenant-warm", ImageSpec(10_000_000 + k), "warm up?", 8)
-            for k in range(4)]
+    reqs = [TraceRequest("warm", "tenant-warm", ImageSpec(10_000_000 + k),
+                         "warm up " + "please " * k + "?", 8 + 2 * k) for k in range(12)]
+    offsets = [0.3 * k for k in range(4)] + [1.2 + 0.02 * k for k in range(8)]
     for server in servers.values():
         bodies = [r.body(model, seed) for r in reqs]
-        asyncio.run(run_phase(server.url, bodies, ["warm"] * 4, [0.0, 0.1, 0.2, 0.3], 120))
+        asyncio.run(run_phase(server.url, bodies, ["warm"] * len(reqs), offsets, 120))
 
 
 def run_rates(args: Any, servers: dict[str, Server], deadline: float

@@ -173,7 +173,11 @@ def summarize(rows: Sequence[dict[str, Any]], wall_s: float, slo: Slo,
             "e2e_p50_ms": _pct(e2e, 50), "e2e_p99_ms": _pct(e2e, 99),
             "output_tokens": sum(int(r.get("tokens") or 0) for r in ok),
             "prompt_tokens": token_summary(ok),
-            "hits_by_tier": dict(sorted(hits.items()))}
+            "hits_by_tier": dict(sorted(hits.items())),
+            # every request whose engine call started before the cascade decided: kept as
+            # its answer, or dropped (aborted) for a hit; misses' own in miss_overlap
+            "overlaps": dict(sorted(Counter(str(r["overlap"]) for r in ok
+                                            if r.get("overlap")).items()))}
 
 
 def miss_breakdown(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
