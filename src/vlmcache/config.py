@@ -64,6 +64,10 @@ class VlmCacheConfig:
         enable_kv_save: capture newly computed full KV blocks into the store.
         enable_encoder_cache: persist vision-encoder outputs and load them instead of
             running the encoder (L1.5).
+        encoder_cache_v1_runner: where vLLM's default model runner cannot take the encoder
+            tier's EC transfer (vLLM 0.26's V2 runner on GPUs), wire the tier anyway: the
+            whole engine then runs vLLM's V1 model runner. Off: the tier is left out there
+            (a warning says so) and the engine runs as vLLM alone would.
         encoder_memory_budget: bytes of CPU memory for encoder outputs.
         encoder_disk_budget: bytes of disk for encoder outputs.
         semantic_text_threshold: cosine similarity a paraphrase must reach (L1).
@@ -237,6 +241,8 @@ class VlmCacheConfig:
     enable_kv_load: bool = True
     enable_kv_save: bool = True
     enable_encoder_cache: bool = True
+    # never slower than vLLM alone: the tier is not worth the engine's whole runner
+    encoder_cache_v1_runner: bool = False
     encoder_memory_budget: int = 1 * GiB
     encoder_disk_budget: int = 20 * GiB
     semantic_text_threshold: float = 0.85

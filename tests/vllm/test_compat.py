@@ -133,3 +133,23 @@ def test_a_preempted_then_aborted_request_no_longer_trips_vllm_026s_store_assert
     # a scheduler without this state (another vLLM) is left alone
     assert clamp_finished_stores(SimpleNamespace(), out) == 0
     assert clamp_finished_stores(None, out) == 0
+
+
+def test_ec_transfer_costs_the_runner_only_where_vllms_v2_runner_refuses_it(monkeypatch):
+    from vllm.config import VllmConfig
+
+    from vlmcache.vllm.compat import ec_transfer_costs_runner
+
+    assert not ec_transfer_costs_runner("cpu")  # no V2 runner question off the GPU
+    # vLLM 0.32 (installed here) takes EC transfer in its V2 runner; 0.26 lists it
+    def v026(self):
+        unsupported = []
+        if self.ec_transfer_config is not None:
+            unsupported.append("EC transfer")
+        return unsupported
+
+    assert not ec_transfer_costs_runner("cuda")
+    monkeypatch.setattr(VllmConfig, "_get_v2_model_runner_unsupported_features", v026)
+    assert ec_transfer_costs_runner("cuda")
+    monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "0")  # the operator chose V1
+    assert not ec_transfer_costs_runner("cuda")

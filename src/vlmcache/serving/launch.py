@@ -30,7 +30,7 @@ from vlmcache.config import VlmCacheConfig
 from vlmcache.serving.asgi import CONFIG_ENV
 from vlmcache.tenant_secret import (deployment_salt, ensure_private_dir, public_config,
                                     write_private_file)
-from vlmcache.vllm.engine_config import engine_wiring
+from vlmcache.vllm.engine_config import engine_wiring, wired_config
 
 MIDDLEWARE = "vlmcache.serving.asgi.VlmCacheMiddleware"
 LAUNCHER_MODULE = "vlmcache.serving.server_main"
@@ -56,6 +56,7 @@ def serve_command(model: str, config: VlmCacheConfig, vllm_args: Sequence[str],
             raise ValueError(f"{flag} is set by vlmcache serve; leave it out of the vLLM "
                              "arguments")
     _check_one_api_server(vllm_args)
+    config = wired_config(config, device_type)  # the front reports the tiers the engine has
     wiring = engine_wiring(config, device_type)
     wired = wiring.cli_args()
     if any(a == "--block-size" or a.startswith("--block-size=") for a in vllm_args):

@@ -6,7 +6,9 @@ instead of branching.
 
 from __future__ import annotations
 
+import inspect
 import logging
+import os
 from typing import Any
 
 logger = logging.getLogger(__name__)
@@ -30,6 +32,29 @@ def check_supported() -> None:
     if not SUPPORTED[0] <= version <= SUPPORTED[1]:
         logger.warning("vLLM %d.%d is outside the versions vlmcache was tested with "
                        "(%d.%d to %d.%d)", *version, *SUPPORTED[0], *SUPPORTED[1])
+
+
+def ec_transfer_costs_runner(device_type: str) -> bool:
+    """Whether wiring vLLM's EC transfer (the encoder-output tier) moves this engine off its
+    default model runner. vLLM 0.26 runs its V2 model runner by default on GPUs, and V2 does
+    not take EC transfer there (vLLM lists it as unsupported): with it the whole engine
+    falls back to V1 (the fifth H200 lease's logs: plain "Using V2 Model Runner", ours "Model
+    Runner V2 does not yet support EC transfer"). 0.32 takes it. An operator who chose V1
+    (``VLLM_USE_V2_MODEL_RUNNER=0``) loses nothing; one who forced V2 would fail to start."""
+    if device_type != "cuda":
+        return False
+    if os.environ.get("VLLM_USE_V2_MODEL_RUNNER", "").strip() == "0":
+        return False
+    try:
+        from vllm.config import VllmConfig
+
+        probe = VllmConfig._get_v2_model_runner_unsupported_features
+    except (ImportError, AttributeError):
+        return False  # no V2 model runner in this vLLM
+    try:  # the feature list is code, not data: read it (0.26: "EC transfer" is in it)
+        return "EC transfer" in inspect.getsource(probe)
+    except (OSError, TypeError):
+        return True  # cannot tell: as in the version measured
 
 
 # ---- vLLM's KV offloading API (vllm.v1.kv_offload): 0.26 -> 0.32 ---------------------------

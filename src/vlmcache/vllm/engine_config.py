@@ -8,13 +8,18 @@ place whichever way the engine is started.
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import logging
 import os
 from dataclasses import dataclass, field
 from typing import Any
 
 from vlmcache.config import VlmCacheConfig
 from vlmcache.tenant_secret import SALT_ENV, public_config
+from vlmcache.vllm.compat import ec_transfer_costs_runner
+
+logger = logging.getLogger(__name__)
 
 CONNECTOR_NAME = "VlmCacheOffloadingConnector"
 CONNECTOR_MODULE = "vlmcache.vllm.offload_connector"
@@ -88,8 +93,23 @@ def kv_extra_config(config: VlmCacheConfig) -> dict[str, Any]:
             "vlmcache": public_config(config)}
 
 
+def wired_config(config: VlmCacheConfig, device_type: str) -> VlmCacheConfig:
+    """``config`` as an engine on ``device_type`` runs it: the encoder-output tier off where
+    wiring it would move vLLM off its default model runner (unless
+    ``encoder_cache_v1_runner``), with a warning that says so."""
+    if config.enable_encoder_cache and not config.encoder_cache_v1_runner \
+            and ec_transfer_costs_runner(device_type):
+        logger.warning("vlmcache: the encoder-output tier is left out of this engine: "
+                       "vLLM's default model runner (V2) does not take its EC transfer here, "
+                       "and wiring it would run the whole engine on the V1 runner; set "
+                       "encoder_cache_v1_runner to wire it anyway")
+        return dataclasses.replace(config, enable_encoder_cache=False)
+    return config
+
+
 def engine_wiring(config: VlmCacheConfig, device_type: str) -> EngineWiring:
     """The engine wiring ``config`` asks for on a ``device_type`` (``"cuda"``, ``"cpu"``)."""
+    config = wired_config(config, device_type)
     kv = None
     if config.enable_kv_load or config.enable_kv_save:
         kv = {"kv_connector": CONNECTOR_NAME, "kv_connector_module_path": CONNECTOR_MODULE,
