@@ -30,7 +30,9 @@ serve_shapes=${SERVE_SHAPES:-"llava7b:12,56,70,84,112 qwen2vl7b:8,40,48,56,72,88
 # one-diag: DIAG_SHAPE (default llava7b:12,56) once per DIAG_CONFIGS entry (NAME=JSON,
 # space-separated; ours' --ours-config), each beside plain again: diag-NAME.json
 diag_shape=${DIAG_SHAPE:-"llava7b:12,56"}
-diag_configs=${DIAG_CONFIGS:-'per_layer={"kv_block_layout":"per_layer"} idle={"enable_kv_save":false,"enable_kv_load":false,"enable_encoder_cache":false}'}
+# v1runner: ours with the encoder-output tier wired, so its engine on vLLM's V1 model runner
+# (the default leaves the tier out on vLLM 0.26's GPUs and keeps V2): what the runner costs
+diag_configs=${DIAG_CONFIGS:-'v1runner={"encoder_cache_v1_runner":true} idle={"enable_kv_save":false,"enable_kv_load":false,"enable_encoder_cache":false}'}
 # FRONT_WORKERS="1 8" (exported) adds front_capacity runs after the shapes: ~3 min more,
 # past the pair step's wait unless the shapes' --budget-s leaves room
 
