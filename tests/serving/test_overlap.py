@@ -87,7 +87,7 @@ def test_a_miss_keeps_the_call_started_before_the_cascade_decided(tmp_path):
 
 def test_a_canonicalized_request_aborts_the_started_call_and_sends_the_canonical(tmp_path):
     registry = CollectorRegistry()
-    engine, first, again = _png_then_jpeg(tmp_path, 0.5, registry)
+    engine, first, again = _png_then_jpeg(tmp_path, 1.0, registry)
     report = again.json()["vlmcache"]
     assert report["statuses"]["embedding:vision"] == "hit"
     assert report["miss_overlap"] == "dropped"
