@@ -89,6 +89,26 @@ def test_a_canonicalized_request_aborts_the_engine_call_started_before_it(client
     assert _finished(server.url) == before + 2  # the dropped call never finished
 
 
+def test_a_streamed_canonicalized_request_gets_only_the_canonical_stream(client, server,
+                                                                          images):
+    model = str(server.argv[4])
+    before = _finished(server.url)
+    first, _ = ask(client, model, "what shape is in the image?", _url(images[2]),
+                   tenant="overlap-stream")
+    stream = client.chat.completions.create(
+        model=model, temperature=0, max_tokens=4, stream=True,
+        extra_body={"cache_salt": "overlap-stream"},
+        messages=[{"role": "user", "content": [
+            {"type": "image_url", "image_url": {"url": _url(images[2], "JPEG")}},
+            {"type": "text", "text": "what shape is in the image?"}]}])
+    chunks = list(stream)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    report = chunks[-1].model_extra["vlmcache"]
+    assert (report["miss_overlap"], report["hit_tier"]) == ("dropped", "embedding:vision")
+    assert text == first
+    assert _finished(server.url) == before + 2
+
+
 def _finished(url: str) -> float:
     """Requests vLLM finished with an answer (stop or length), from its own metrics."""
     from prometheus_client.parser import text_string_to_metric_families
