@@ -96,3 +96,14 @@ def test_paired_ratios_are_medians_of_per_request_ratios():
     ours = {p: [_row(110, 1), _row(180, 1), _row(1000, 1)] for p in phases}
     ratios = paired_ratios({"ours": ours, "plain": plain})
     assert ratios["miss_ms"] == 1.1 and set(ratios) == {f"{p}_ms" for p in phases}
+
+
+def test_ours_config_overrides_reach_ours_server_only(tmp_path):
+    args = SimpleNamespace(**vars(ARGS), ours_config='{"encoder_cache_v1_runner": false}')
+    ours = make_server("ours", args, tmp_path, "o")
+    sets = [ours.argv[i + 1] for i, a in enumerate(ours.argv) if a == "--vlmcache-set"]
+    assert "encoder_cache_v1_runner=false" in sets
+    assert "enable_video_near_duplicates=true" in sets  # the rest of OURS_CONFIG stays
+    default = make_server("ours", ARGS, tmp_path, "d")
+    assert "encoder_cache_v1_runner=true" in [default.argv[i + 1] for i, a in
+                                               enumerate(default.argv) if a == "--vlmcache-set"]

@@ -68,7 +68,8 @@ def make_server(kind: str, args: Any, work: Path, name: str,
     """``vlmcache serve`` (``ours``, with ``ours_config``, default :data:`OURS_CONFIG`) or
     plain vLLM's server, not started."""
     base = OURS_CONFIG if ours_config is None else ours_config
-    config = {**base, "store_path": str(work / "store")}
+    config = {**base, **json.loads(getattr(args, "ours_config", None) or "{}"),
+              "store_path": str(work / "store")}
     if args.dummy_weights:
         config["model_revision"] = "dummy-weights"
     server = ServerProcess(Path(args.model), config, work / f"{name}.log", vllm_flags(args))
@@ -324,6 +325,10 @@ def parse_args(argv: Sequence[str] | None) -> Any:
     p.add_argument("--turns", choices=("sequential", "paired"), default="sequential",
                    help="one server at a time (a CPU) or both at once, request by request "
                         "(a GPU: give each its --gpu-memory-utilization share)")
+    p.add_argument("--ours-config", default="{}",
+                   help="JSON merged over ours' config, e.g. '{\"encoder_cache_v1_runner\": "
+                        "false}': the product's default on vLLM 0.26's GPUs (no encoder tier, "
+                        "vLLM's V2 model runner)")
     p.add_argument("--out", required=True)
     return p.parse_args(argv)
 
@@ -349,7 +354,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     shape["rows"] = {kind: compact_rows(r) for kind, r in rows.items()}
     shape["settings"] = {k: getattr(args, k) for k in (
         "frames", "tokens_per_frame", "step", "stream_requests", "clips", "size", "max_tokens",
-        "max_model_len", "max_num_batched_tokens", "dummy_weights", "settle_s", "turns")}
+        "max_model_len", "max_num_batched_tokens", "dummy_weights", "settle_s", "turns",
+        "ours_config")}
     out = Path(args.out)
     result = json.loads(out.read_text()) if out.exists() else {"shapes": {}}
     result["shapes"][args.shape] = {**shape, "command": "python benchmarks/video.py " + " ".join(
