@@ -176,11 +176,11 @@ class Cascade:
         return dataclasses.replace(res, hit_tier=tier, video_hashes=vids.hashes,
                                    video_urls=vids.urls, video_distances=vids.distances)
 
-    def has_similarity_lookups(self, images: bool, videos: bool) -> bool:
-        """Whether resolving a request (with images, videos) embeds or searches anything:
-        the part of the front's time worth overlapping with the engine on a miss."""
-        return self.text is not None or (images and self.image is not None) \
-            or (videos and self.video is not None)
+    def has_similarity_lookups(self, images: bool) -> bool:
+        """Whether resolving a request without videos (with ``images`` or not) embeds or
+        searches anything: the part of the front's time worth overlapping with the engine
+        on a miss."""
+        return self.text is not None or (images and self.image is not None)
 
     def _resolve(self, req: CascadeRequest) -> Resolution:
         statuses = self._initial_statuses()

@@ -124,7 +124,7 @@ class CascadeFront:
         # lookups take
         if overlap and plan.cached is None and not req.options.bypass and not req.videos \
                 and req.transcript is not None \
-                and self.cascade.has_similarity_lookups(bool(req.images), False):
+                and self.cascade.has_similarity_lookups(bool(req.images)):
             plan.miss_forward = rewrite_body(req, None, self.config)
             plan.stages["miss_body"] = time.perf_counter() - t_response
         return plan
