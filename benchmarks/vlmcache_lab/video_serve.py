@@ -239,7 +239,8 @@ def compact_rows(rows: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
             rep = r.get("report") or {}
             row.update({k: rep[k] for k in ("hit_tier", "tokens_loaded", "images_loaded",
                                             "images_encoded", "tokens_from_prefix_cache",
-                                            "video_frames", "front_ms") if k in rep})
+                                            "video_frames", "front_ms", "held_media")
+                        if k in rep})
             out[phase].append(row)
     return out
 

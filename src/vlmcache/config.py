@@ -168,6 +168,12 @@ class VlmCacheConfig:
             look; the call is kept when they find nothing, and aborted before any of its
             output is sent when they canonicalize the request. Hides their time on a miss
             when the engine has room; under load nothing is sent twice. 0: never.
+        held_media_bytes: media the engine's processor cache holds (those this front
+            process sent and vLLM answered, estimated at 12 bytes per pixel, least
+            recently used out within this budget, below vLLM's ``--mm-processor-cache-gb``)
+            are sent by their identity alone, so vLLM's server does not fetch, decode and
+            process them again; a refusal (evicted, restarted) resends the full body.
+            Never for clients' own uuids (``client_image_uuids: trust``). 0: always in full.
         engine_cpus: CPUs of this host the front leaves to vLLM's own processes (its API
             server, its engine core's launch loop): the front's helper threads and
             ``vlmcache proxy``'s workers run on the others, so the front's compute never
@@ -312,6 +318,9 @@ class VlmCacheConfig:
     # the similarity lookups are most of a miss's front time: hidden behind the engine's
     # start while the engine has room (serve-gpu.json's lowest-rate miss TTFT)
     miss_overlap_max_inflight: int = 2
+    # vLLM's server decodes and processes every media item again on each request; the
+    # ones its processor cache holds can go by identity alone (serving/held_media.py)
+    held_media_bytes: int = 1 * GiB
     # --- end issue 35 ---
     # --- issue 14B: the shared Redis tier ---
     redis_url: str | None = None

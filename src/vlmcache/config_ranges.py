@@ -142,6 +142,7 @@ RANGES: dict[str, Range] = {
     "max_video_duration_s": _POSITIVE_S,
     "video_handoff_ttl_s": _POSITIVE_S,
     "miss_overlap_max_inflight": Range(0, 1_000_000, note="0: never overlap"),
+    "held_media_bytes": Range(0, note="bytes; 0: always send media in full"),
     "engine_cpus": Range(0, 1024, note="CPUs left to vLLM; 0: no partition"),
     "front_thread_nice": Range(0, 19, note="a Linux niceness increment"),
     "max_videos_per_request": _COUNT,

@@ -43,11 +43,16 @@ class FakeEngineApp:
     As vLLM's server does, it aborts a request whose client leaves before the answer
     starts going out: ``bodies`` holds the requests it answered, ``aborted`` the others."""
 
-    def __init__(self, status: int = 200, latency_s: float = 0.0) -> None:
+    def __init__(self, status: int = 200, latency_s: float = 0.0,
+                 processor_cache: bool = True) -> None:
         self.bodies: list[dict] = []
         self.aborted: list[dict] = []
+        self.refused: list[dict] = []
         self.status = status
         self.latency_s = latency_s  # the engine's time before its answer starts
+        # vLLM's processor cache: media it processed, by uuid; one named without its data
+        # and not held is refused with vLLM's own 400
+        self.processor_cache: set[str] | None = set() if processor_cache else None
 
     async def __call__(self, scope, receive, send):
         raw = b""
@@ -69,6 +74,12 @@ class FakeEngineApp:
 
     async def _answer(self, body, send):
         await asyncio.sleep(self.latency_s)
+        if self._cache_miss(body):
+            self.refused.append(body)
+            await self._send(send, 400, b'{"error": {"message": "Cache miss for image at '
+                             b'index 0 but data is not provided.", "code": 400}}',
+                             b"application/json", None)
+            return
         if self.status != 200:
             await self._send(send, self.status, b'{"error": {"message": "bad", "code": 400}}',
                              b"application/json", body)
@@ -101,11 +112,25 @@ class FakeEngineApp:
                                                    "offload_keys": "6b31,6b32"}}}
         await self._send(send, 200, json.dumps(out).encode(), b"application/json", body)
 
+    def _cache_miss(self, body) -> bool:
+        parts = [p for m in body.get("messages") or [] if isinstance(m.get("content"), list)
+                 for p in m["content"] if isinstance(p, dict) and p.get("uuid")]
+        kinds = [(p, p.get("type")) for p in parts if p.get("type") in ("image_url",
+                                                                        "video_url")]
+        if any(p.get(k) is None and (self.processor_cache is None
+                                     or p["uuid"] not in self.processor_cache)
+               for p, k in kinds):
+            return True
+        if self.processor_cache is not None:
+            self.processor_cache.update(p["uuid"] for p, _ in kinds)
+        return False
+
     async def _send(self, send, status, raw, ctype, body):
         await send({"type": "http.response.start", "status": status,
                     "headers": [(b"content-type", ctype),
                                 (b"content-length", str(len(raw)).encode())]})
-        self.bodies.append(body)
+        if body is not None:
+            self.bodies.append(body)
         await send({"type": "http.response.body", "body": raw})
 
 

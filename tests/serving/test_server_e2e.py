@@ -64,6 +64,18 @@ def test_repeat_then_spacing_then_paraphrase(client, server, images):
     assert para == first and r4["canonical_prompt"] is not None
 
 
+def test_a_second_question_names_the_held_image_by_identity_alone(client, server, images):
+    """vLLM answers from its processor cache when the front names an image it processed
+    without the image's data (``held_media_bytes``): the answer the full image gets."""
+    model = str(server.argv[4])
+    url = _url(images[2])
+    ask(client, model, COLOR_Q, url, tenant="held")
+    named, r = ask(client, model, "what shape is in the image?", url, tenant="held")
+    assert r["held_media"] == "elided" and r["hit_tier"] is None, r
+    full, other = ask(client, model, "what shape is in the image?", url, tenant="held-2")
+    assert "held_media" not in other and named == full
+
+
 def test_re_encoded_image_is_canonicalized_and_reuses_the_prompt(client, server, images):
     model = str(server.argv[4])
     first, _ = ask(client, model, "what shape is in the image?", _url(images[1]), tenant="acme")

@@ -73,7 +73,9 @@ def test_repeats_hit_the_response_and_exact_tiers_and_tenants_never_share(tmp_pa
     assert spaced.json()["vlmcache"]["hit_tier"] == "text:exact"
     sent = [b["messages"][0]["content"][0] for b in rig.engine.bodies]
     assert sent[0]["uuid"] == sent[1]["uuid"] and sent[0]["uuid"].startswith("vlmc-")
-    assert sent[1]["video_url"]["url"] == video_url(avi)  # vLLM decodes what was sent
+    assert sent[0]["video_url"]["url"] == video_url(mkv)  # vLLM decodes what was sent
+    # the engine answered the first: it holds the clip, named now by its identity alone
+    assert sent[1]["video_url"] is None and spaced.json()["vlmcache"]["held_media"] == "elided"
     other_tenant = rig.post(video_chat("What moves?", mkv, tenant="B"))
     assert _misses(other_tenant)
     assert rig.engine.bodies[-1]["messages"][0]["content"][0]["uuid"] != sent[0]["uuid"]

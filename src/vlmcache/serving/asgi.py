@@ -26,6 +26,7 @@ import anyio.to_thread
 
 from vlmcache.errors import RequestError, RequestTooLarge
 from vlmcache.serving.front import CascadeFront
+from vlmcache.serving.held_media import EngineCall, HeldMedia, replay_body, with_content_length
 from vlmcache.serving.plan import FrontPlan, error_field, report_body
 from vlmcache.serving.openai_req import Endpoint, load_body, request_tenant
 from vlmcache.serving.overlap import InFlight, OverlappedCall
@@ -55,11 +56,16 @@ class VlmCacheMiddleware:
     """
 
     def __init__(self, app: Callable[..., Awaitable[None]],
-                 front: CascadeFront | None = None) -> None:
+                 front: CascadeFront | None = None, one_engine: bool = True) -> None:
+        """``one_engine``: every call reaches the same engine (not a proxy spreading calls
+        over replicas without affinity): only then can media go by identity alone."""
         self.app = app
         self.front = front if front is not None else front_from_env()
         self.open_routes = parse_open_routes(self.front.config.open_routes)
         self.in_flight = InFlight(self.front.config.miss_overlap_max_inflight)
+        config = self.front.config  # a client's own uuids name data we cannot vouch for
+        self.held = HeldMedia(config.held_media_bytes if one_engine
+                              and config.client_image_uuids != "trust" else 0)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] not in ("http", "websocket"):  # lifespan
@@ -104,8 +110,10 @@ class VlmCacheMiddleware:
         if plan.cached is not None:
             await self._send_cached(plan, send)
             return
+        engine = EngineCall(self.app, self.held, plan.forward, plan.request)
         with self.in_flight:
-            await self._forward(plan.forward, scope, receive, _Capture(self.front, plan, send))
+            await self._forward(plan.forward, scope, receive,
+                                _Capture(self.front, plan, send, engine), engine)
 
     async def _overlapped(self, plan: FrontPlan, scope: Scope, receive: Receive,
                           send: Send) -> None:
@@ -113,7 +121,8 @@ class VlmCacheMiddleware:
         :mod:`vlmcache.serving.overlap`); the call is kept, or dropped for the cascade's
         choice. The answer goes out before a dropped call has wound down."""
         data = _json_bytes(plan.miss_forward)
-        call = OverlappedCall(self.app, _forward_scope(scope, data), data, receive)
+        engine = EngineCall(self.app, self.held, plan.miss_forward, plan.request)
+        call = OverlappedCall(engine, with_content_length(scope, data), data, receive)
         async with anyio.create_task_group() as tg:  # in flight: the caller's slot
             tg.start_soon(call.run)
             try:
@@ -126,7 +135,7 @@ class VlmCacheMiddleware:
                 call.drop()
                 raise
             if self.front.keep_overlap(plan):
-                call.keep(_Capture(self.front, plan, send))
+                call.keep(_Capture(self.front, plan, send, engine))
                 return
             call.drop()
             await self._answer(plan, scope, receive, send)
@@ -190,16 +199,18 @@ class VlmCacheMiddleware:
         await send({"type": "http.response.body", "body": b"".join(chunks)})
 
     async def _forward(self, body: dict[str, Any] | None, scope: Scope, receive: Receive,
-                       send: Send) -> None:
+                       send: Send, app: Callable[..., Awaitable[None]] | None = None) -> None:
         data = _json_bytes(body)
-        await self.app(_forward_scope(scope, data), _replay(data, receive), send)
+        await (app or self.app)(with_content_length(scope, data), replay_body(data, receive),
+                                send)
 
 
 class _Capture:
     """The ``send`` handed to the engine's app: captures its answer, adds the report."""
 
-    def __init__(self, front: CascadeFront, plan: FrontPlan, send: Send) -> None:
-        self.front, self.plan, self.send = front, plan, send
+    def __init__(self, front: CascadeFront, plan: FrontPlan, send: Send,
+                 engine: EngineCall | None = None) -> None:
+        self.front, self.plan, self.send, self.engine = front, plan, send, engine
         self.start: dict[str, Any] | None = None
         self.stream: StreamAccumulator | None = None
         self.parts: list[bytes] = []
@@ -207,6 +218,8 @@ class _Capture:
     async def __call__(self, message: dict[str, Any]) -> None:
         if message["type"] == "http.response.start":
             self.start = message
+            if self.engine is not None:  # the call that answers: how its media went
+                self.plan.held_media = self.engine.outcome
             ctype = dict(message.get("headers", [])).get(b"content-type", b"")
             if ctype.startswith(b"text/event-stream"):
                 self.stream = StreamAccumulator(self.plan.request.endpoint)
@@ -312,32 +325,9 @@ def _json_bytes(body: dict[str, Any] | None) -> bytes:
     return json.dumps(body).encode()
 
 
-def _forward_scope(scope: Scope, data: bytes) -> Scope:
-    """``scope`` with the content length of the forwarded body ``data``."""
-    size = len(data)
-    out = dict(scope)
-    out["headers"] = [(k, v) for k, v in scope.get("headers", [])
-                      if k.lower() != b"content-length"]
-    out["headers"].append((b"content-length", str(size).encode()))
-    return out
-
-
 def _headers(scope: Scope) -> dict[str, str]:
     return {k.decode("latin-1").lower(): v.decode("latin-1")
             for k, v in scope.get("headers", [])}
-
-
-def _replay(data: bytes, receive: Receive) -> Receive:
-    """A ``receive`` that yields ``data`` once, then the client's own messages."""
-    sent = False
-
-    async def replay() -> dict[str, Any]:
-        nonlocal sent
-        if not sent:
-            sent = True
-            return {"type": "http.request", "body": data, "more_body": False}
-        return await receive()
-    return replay
 
 
 _IDENTITY_KEYS = ("uuid", "multi_modal_uuids", "image_embeds", "prompt_embeds",

@@ -250,6 +250,8 @@ class CascadeFront:
         self._observe(plan, report)
         if self.metrics is not None:
             self.metrics.observe_kv_path(body.get("kv_transfer_params"), req.tenant)
+            if plan.held_media is not None:
+                self.metrics.held_media.labels(plan.held_media).inc()
         return report
 
     def drain(self, timeout_s: float | None = None) -> bool:

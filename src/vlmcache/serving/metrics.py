@@ -39,6 +39,7 @@ class FrontMetrics:
     video_frames: Counter
     record_waits_cut: Counter
     miss_overlaps: Counter
+    held_media: Counter
     tenant_label: bool = True
 
     @classmethod
@@ -83,6 +84,10 @@ class FrontMetrics:
                                   "while the cascade still looked (miss_overlap_max_inflight), "
                                   "by outcome: kept as the answer, or dropped (aborted) for "
                                   "the cascade's hit", ["outcome"], registry=reg),
+            held_media=Counter("vlmcache_front_held_media", "Engine calls that named media "
+                               "the engine holds without their data (held_media_bytes), by "
+                               "outcome: elided, or resent in full after a refusal",
+                               ["outcome"], registry=reg),
             tenant_label=tenant_label)
 
     def tenant(self, tenant: str | None) -> str:

@@ -73,6 +73,7 @@ class VideoRef:
     query: VideoQuery
     fetched: bool = False  # a remote video the front fetched: ``query.url`` is its data
     client_uuid: str | None = None
+    pixels: int = 0  # of all its sampled frames: what the engine processes
 
     @property
     def content_hash(self) -> str:
@@ -250,7 +251,8 @@ class _Media:
         assert isinstance(sent, str)  # checked by the decode
         query = VideoQuery(video.content_hash, video.signature, video.thumbs, sent)
         self.videos.append(VideoRef(i, j, query, video.data_url is not None,
-                                    str(uuid) if uuid is not None else None))
+                                    str(uuid) if uuid is not None else None,
+                                    video.frames * video.width * video.height))
 
 
 def _parse_chat(body: dict[str, Any], config: VlmCacheConfig,

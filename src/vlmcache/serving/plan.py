@@ -34,6 +34,9 @@ class FrontPlan:
     #: was ``"kept"`` as the answer or ``"dropped"`` for the cascade's choice.
     miss_forward: dict[str, Any] | None = None
     overlap: str | None = None
+    #: ``"elided"`` when the engine got the media it holds by identity alone, ``"resent"``
+    #: when it refused that and got them in full (:mod:`vlmcache.serving.held_media`).
+    held_media: str | None = None
 
 
 def cached_report(plan: FrontPlan, body: dict[str, Any]) -> ReuseReport:
@@ -64,12 +67,15 @@ def cached_report(plan: FrontPlan, body: dict[str, Any]) -> ReuseReport:
 
 def report_body(plan: FrontPlan, report: ReuseReport) -> dict[str, Any]:
     """The report as the response carries it: :meth:`ReuseReport.to_dict` plus the
-    front's own time per stage (``front_ms``) and, where the engine call started while the
-    cascade looked, whether it was kept (``miss_overlap``)."""
+    front's own time per stage (``front_ms``), where the engine call started while the
+    cascade looked, whether it was kept (``miss_overlap``), and where media went to the
+    engine by identity alone, how that went (``held_media``)."""
     body = {**report.to_dict(),
             "front_ms": {k: round(v * 1000, 4) for k, v in plan.stages.items()}}
     if plan.overlap is not None:  # the engine started before the cascade decided
         body["miss_overlap"] = plan.overlap
+    if plan.held_media is not None:
+        body["held_media"] = plan.held_media
     return body
 
 

@@ -165,8 +165,11 @@ def build_proxy_app(front: CascadeFront, upstreams: Sequence[str],
     upstream = UpstreamApp(upstreams, routing=routing or config.proxy_routing,
                            slack=config.proxy_affinity_slack,
                            factor=config.proxy_affinity_factor, down_s=config.proxy_down_s)
-    return MetricsRoute(VlmCacheMiddleware(upstream, front=front), upstream.router, registry,
-                        worker)
+    # under affinity a request goes where its media went before (a fallback's refusal
+    # costs one resend); round robin over replicas would be refused half the time
+    one_engine = len(upstream.upstreams) == 1 or upstream.router.policy == "affinity"
+    return MetricsRoute(VlmCacheMiddleware(upstream, front=front, one_engine=one_engine),
+                        upstream.router, registry, worker)
 
 
 async def _body(receive: Receive) -> bytes:
