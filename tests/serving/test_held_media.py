@@ -181,8 +181,8 @@ def test_an_elided_call_the_client_left_is_not_resent(tmp_path):
     async def aborted(scope, receive, send):  # vLLM aborts on disconnect: no answer at all
         calls.append(json.loads((await receive())["body"]))
 
-    async def receive():
-        return {"type": "http.request", "body": json.dumps(body).encode()}
+    async def receive():  # after the body (which the call sends itself): the client left
+        return {"type": "http.disconnect"}
 
     async def send(message):
         sent.append(message)

@@ -112,17 +112,15 @@ class VlmCacheMiddleware:
             return
         engine = EngineCall(self.app, self.held, plan.forward, plan.request)
         with self.in_flight:
-            await self._forward(plan.forward, scope, receive,
-                                _Capture(self.front, plan, send, engine), engine)
+            await engine(scope, receive, _Capture(self.front, plan, send, engine))
 
     async def _overlapped(self, plan: FrontPlan, scope: Scope, receive: Receive,
                           send: Send) -> None:
         """The engine starts on the miss's body while the cascade looks (see
         :mod:`vlmcache.serving.overlap`); the call is kept, or dropped for the cascade's
         choice. The answer goes out before a dropped call has wound down."""
-        data = _json_bytes(plan.miss_forward)
         engine = EngineCall(self.app, self.held, plan.miss_forward, plan.request)
-        call = OverlappedCall(engine, with_content_length(scope, data), data, receive)
+        call = OverlappedCall(engine, scope, receive)
         async with anyio.create_task_group() as tg:  # in flight: the caller's slot
             tg.start_soon(call.run)
             try:
@@ -199,10 +197,9 @@ class VlmCacheMiddleware:
         await send({"type": "http.response.body", "body": b"".join(chunks)})
 
     async def _forward(self, body: dict[str, Any] | None, scope: Scope, receive: Receive,
-                       send: Send, app: Callable[..., Awaitable[None]] | None = None) -> None:
+                       send: Send) -> None:
         data = _json_bytes(body)
-        await (app or self.app)(with_content_length(scope, data), replay_body(data, receive),
-                                send)
+        await self.app(with_content_length(scope, data), replay_body(data, receive), send)
 
 
 class _Capture:

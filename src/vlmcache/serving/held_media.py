@@ -164,9 +164,10 @@ def _pixels(image: Any) -> int:
 
 class EngineCall:
     """One engine call on a forwarded body, as an ASGI app: the body with held media
-    elided first, the full body after a refusal (see the module's docstring). It is
-    replayed the full body (``body`` as JSON). ``outcome``: ``"elided"``, ``"resent"``
-    after a refusal, or ``None``; final once the answer starts going out."""
+    elided first, the full body after a refusal (see the module's docstring). It sends the
+    body itself (``body`` as JSON: the full one only when it is sent); ``receive`` gives
+    the client's messages after its body. ``outcome``: ``"elided"``, ``"resent"`` after a
+    refusal, or ``None``; final once the answer starts going out."""
 
     def __init__(self, app: App, held: HeldMedia, body: dict[str, Any] | None,
                  req: ParsedRequest) -> None:
@@ -174,7 +175,6 @@ class EngineCall:
         self.outcome: str | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        full = await _read_body(receive)
         elided = self.held.elide(self.body, self.req)
         if elided is not None:
             data = json.dumps(elided.body).encode()
@@ -189,6 +189,7 @@ class EngineCall:
             self.outcome = "resent"
             logger.debug("front: the engine refused held media named without data (%d %r); "
                          "sending the full body", gate.status, gate.head[:200])
+        full = json.dumps(self.body).encode()  # a video's data URL: MBs, serialized once
         gate = _StatusGate(send, hold=False)
         await self.app(with_content_length(scope, full), replay_body(full, receive), gate)
         if not gate.passed:
@@ -218,18 +219,6 @@ class _StatusGate:
             self.head = (self.head + message.get("body", b""))[:1024]
         if self.passed or not self.hold:
             await self.send(message)
-
-
-async def _read_body(receive: Receive) -> bytes:
-    parts: list[bytes] = []
-    while True:
-        message = await receive()
-        if message["type"] != "http.request":
-            break  # the client left before its body was replayed: the app sees it below
-        parts.append(message.get("body", b""))
-        if not message.get("more_body", False):
-            break
-    return b"".join(parts)
 
 
 def with_content_length(scope: Scope, data: bytes) -> Scope:

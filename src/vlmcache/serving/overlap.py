@@ -65,14 +65,14 @@ class InFlight:
 
 class OverlappedCall:
     """One engine call on a miss's body, its output held until :meth:`keep` or
-    :meth:`drop`. ``data`` is the forwarded body (JSON bytes), replayed to the app once."""
+    :meth:`drop`. ``app`` sends the body itself (an ``EngineCall``); ``receive`` gives the
+    client's messages after its body."""
 
-    def __init__(self, app: App, scope: Scope, data: bytes, receive: Receive) -> None:
-        self.app, self.scope, self.data, self._receive = app, scope, data, receive
+    def __init__(self, app: App, scope: Scope, receive: Receive) -> None:
+        self.app, self.scope, self._receive = app, scope, receive
         self._decided = anyio.Event()
         self._dropped = anyio.Event()
         self._target: Send | None = None
-        self._sent_body = False
 
     async def run(self) -> None:
         """The engine call; a dropped call's errors are its own (logged, never raised)."""
@@ -80,7 +80,7 @@ class OverlappedCall:
         # for the disconnect rather than expect send() to raise
         scope = {**self.scope, "asgi": {**self.scope.get("asgi", {}), "spec_version": "2.3"}}
         try:
-            await self.app(scope, self._replay, self._send)
+            await self.app(scope, self._listen, self._send)
         except Exception:  # noqa: BLE001 -- only a dropped call may fail unseen
             if not self._dropped.is_set():
                 raise
@@ -105,10 +105,7 @@ class OverlappedCall:
         # dropped: give the app's disconnect handling a moment to cancel it, then discard
         await anyio.sleep(DROP_GRACE_S)
 
-    async def _replay(self) -> Message:
-        if not self._sent_body:
-            self._sent_body = True
-            return {"type": "http.request", "body": self.data, "more_body": False}
+    async def _listen(self) -> Message:
         if self._dropped.is_set():
             return {"type": "http.disconnect"}
         got: list[Message] = []
