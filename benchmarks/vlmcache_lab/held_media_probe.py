@@ -16,7 +16,6 @@ import json
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -37,33 +36,18 @@ def parse_args(argv: Sequence[str] | None) -> Any:
     return p.parse_args(argv)
 
 
-def start_server(model: Path, work: Path, sample: int) -> tuple[subprocess.Popen[bytes], str]:
-    from vlmcache.testing.server import free_port
+def plain_server(model: Path, work: Path, sample: int) -> Any:
+    """Plain vLLM's OpenAI server on the tiny video model, not started (the launch, health
+    wait and stop of :class:`~vlmcache.testing.server.ServerProcess`)."""
+    from vlmcache.testing.server import ServerProcess
 
-    port = free_port()
-    log = open(work / "server.log", "wb")
-    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE",
-                                                                    "1")}
-    proc = subprocess.Popen([sys.executable, "-m", "vllm.entrypoints.openai.api_server",
-                             "--model", str(model), "--host", "127.0.0.1", "--port", str(port),
-                             "--enforce-eager", "--max-model-len", "2048",
-                             "--enable-prefix-caching", "--media-io-kwargs",
-                             json.dumps({"video": {"num_frames": sample}})],
-                            stdout=log, stderr=subprocess.STDOUT, env=env,
-                            start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 600
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError((work / "server.log").read_text()[-3000:])
-        try:
-            if httpx.get(url + "/health", timeout=2).status_code == 200:
-                return proc, url
-        except httpx.HTTPError:
-            pass
-        time.sleep(1)
-    proc.kill()
-    raise RuntimeError("the server did not become healthy")
+    server = ServerProcess(model, {}, work / "server.log", [
+        "--max-model-len", "2048", "--enable-prefix-caching",
+        "--media-io-kwargs", json.dumps({"video": {"num_frames": sample}})])
+    server.argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server",
+                   "--model", str(model), "--host", "127.0.0.1", "--port", str(server.port),
+                   *server.argv[server.argv.index("--enforce-eager"):]]
+    return server
 
 
 def ask(client: httpx.Client, url: str, model: str, video: str | None, uuid: str,
@@ -104,12 +88,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
     model = build_tiny_video(work / "model")
-    proc, url = start_server(model, work, args.sample)
+    server = plain_server(model, work, args.sample).start()
     try:
-        rows = measure(url, str(model), args)
+        rows = measure(server.url, str(model), args)
     finally:
-        proc.terminate()
-        proc.wait(60)
+        server.stop()
     p50 = {k: round(statistics.median(v), 2) for k, v in rows.items()}
     result = {"command": "python benchmarks/held_media.py " + " ".join(
                   sys.argv[1:] if argv is None else argv),
