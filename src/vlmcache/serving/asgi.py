@@ -34,6 +34,7 @@ from vlmcache.serving.rewrite import bind_tenant
 from vlmcache.routes import (RoutePolicy, parse_open_routes, refusal_message,
                                      route_policy)
 from vlmcache.serving.sse import DONE, StreamAccumulator, event, stream_events
+from vlmcache.vllm.compat import null_media_kinds
 
 logger = logging.getLogger(__name__)
 
@@ -64,8 +65,11 @@ class VlmCacheMiddleware:
         self.open_routes = parse_open_routes(self.front.config.open_routes)
         self.in_flight = InFlight(self.front.config.miss_overlap_max_inflight)
         config = self.front.config  # a client's own uuids name data we cannot vouch for
+        # mounted in vLLM's server (no front given): its parser says which media it takes
+        # by identity alone; in front of another process the answers say it
+        kinds = null_media_kinds() if front is None else ("image_url", "video_url")
         self.held = HeldMedia(config.held_media_bytes if one_engine
-                              and config.client_image_uuids != "trust" else 0)
+                              and config.client_image_uuids != "trust" else 0, kinds=kinds)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] not in ("http", "websocket"):  # lifespan

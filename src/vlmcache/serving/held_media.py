@@ -22,6 +22,12 @@ changed its key) it refuses the call before any engine work ("Cache miss for ima
 index 0 but data is not provided", 400): :class:`EngineCall` forgets those items and sends
 the full body, so the answer is the one the full body gets, one refused call later. After
 :data:`PAUSE_AFTER` refusals in a row the front sends full bodies for :data:`PAUSE_S`.
+
+Not every vLLM takes every kind by identity alone: 0.26 parses a null image but fails on a
+null video with a 500 (an exception inside its server). Mounted in vLLM's server, the
+front asks vLLM's parser which kinds it takes (:func:`vlmcache.vllm.compat.null_media_kinds`);
+elsewhere (``vlmcache proxy``) an elided call that fails otherwise than with the cache-miss
+refusal, and whose full body then passes, stops the elision of its kinds in this process.
 """
 
 from __future__ import annotations
@@ -45,6 +51,8 @@ BYTES_PER_PIXEL = 12
 PAUSE_AFTER = 3
 PAUSE_S = 60.0
 _DATA_KEYS = ("image_url", "video_url")
+#: The start of vLLM's refusal of an item named without data that it does not hold (400).
+REFUSAL = b"Cache miss for "
 
 
 @dataclass(frozen=True)
@@ -53,6 +61,7 @@ class Elided:
 
     body: dict[str, Any]
     keys: tuple[str, ...]
+    kinds: frozenset[str]  # "image_url" / "video_url": the parts named without data
 
 
 @dataclass(frozen=True)
@@ -68,8 +77,12 @@ class HeldMedia:
     """The media items this front process believes vLLM's processor cache holds (see the
     module's docstring); thread-safe. ``budget_bytes`` 0: never elide."""
 
-    def __init__(self, budget_bytes: int, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, budget_bytes: int, clock: Callable[[], float] = time.monotonic,
+                 kinds: tuple[str, ...] = _DATA_KEYS) -> None:
+        """``kinds``: the parts the engine takes by identity alone (see the module's
+        docstring)."""
         self.budget_bytes, self._clock = budget_bytes, clock
+        self.kinds = frozenset(kinds)
         self._items: OrderedDict[str, int] = OrderedDict()
         self._bytes = 0
         self._refusals = 0
@@ -87,7 +100,8 @@ class HeldMedia:
         with self._lock:
             if self._clock() < self._paused_until:
                 return None
-            held = [item for item in _items(body, req) if item.key in self._items]
+            held = [item for item in _items(body, req)
+                    if item.key in self._items and item.kind in self.kinds]
             for item in held:
                 self._items.move_to_end(item.key)
         if not held:
@@ -98,7 +112,8 @@ class HeldMedia:
             msg = out["messages"][item.message]
             msg["content"] = list(msg["content"])
             msg["content"][item.part] = {**msg["content"][item.part], item.kind: None}
-        return Elided(out, tuple(item.key for item in held))
+        return Elided(out, tuple(item.key for item in held),
+                      frozenset(item.kind for item in held))
 
     def accepted(self, body: dict[str, Any] | None, req: ParsedRequest,
                  elided: Elided | None) -> None:
@@ -126,6 +141,17 @@ class HeldMedia:
         logger.warning("front: the engine refused %d bodies in a row that named held media "
                        "without data; sending media in full for %.0f s (is vLLM's "
                        "processor cache off, --mm-processor-cache-gb 0?)", PAUSE_AFTER, PAUSE_S)
+
+    def unsupported(self, elided: Elided) -> None:
+        """The engine failed on ``elided`` otherwise than by refusing it and took the full
+        body: it does not take those kinds by identity alone; stop eliding them."""
+        with self._lock:
+            for key in elided.keys:
+                self._bytes -= self._items.pop(key, 0)
+            self.kinds = self.kinds - elided.kinds
+        logger.warning("front: the engine failed on %s parts named by identity alone and "
+                       "answered them with their data; sending those in full from now on",
+                       " and ".join(sorted(elided.kinds)))
 
     def _put(self, key: str, nbytes: int) -> None:
         if nbytes > self.budget_bytes:
@@ -180,7 +206,15 @@ class EngineCall:
             data = json.dumps(elided.body).encode()
             gate = _StatusGate(send)
             self.outcome = "elided"
-            await self.app(with_content_length(scope, data), replay_body(data, receive), gate)
+            try:
+                await self.app(with_content_length(scope, data), replay_body(data, receive),
+                               gate)
+            except Exception:  # raised inside vLLM's server (0.26 on a null video)
+                if gate.status:
+                    raise  # the answer is going out: nothing to redo
+                logger.debug("front: the engine raised on held media named without data",
+                             exc_info=True)
+                gate.status, gate.head = 500, b"(raised)"
             if gate.passed:
                 self.held.accepted(self.body, self.req, elided)
                 return
@@ -189,13 +223,16 @@ class EngineCall:
             self.outcome = "resent"
             logger.debug("front: the engine refused held media named without data (%d %r); "
                          "sending the full body", gate.status, gate.head[:200])
+        first_head = gate.head if elided is not None else b""
         full = json.dumps(self.body).encode()  # a video's data URL: MBs, serialized once
         gate = _StatusGate(send, hold=False)
         await self.app(with_content_length(scope, full), replay_body(full, receive), gate)
         if not gate.passed:
             return  # the request's own error: the items may well be held still
-        if elided is not None:  # the full body passed: the engine did not hold them
+        if elided is not None and REFUSAL in first_head:  # the engine did not hold them
             self.held.refused(elided)
+        elif elided is not None:  # another failure the full body did not meet
+            self.held.unsupported(elided)
         self.held.accepted(self.body, self.req, None)
 
 

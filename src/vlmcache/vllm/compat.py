@@ -57,6 +57,29 @@ def ec_transfer_costs_runner(device_type: str) -> bool:
         return True  # cannot tell: as in the version measured
 
 
+def null_media_kinds() -> tuple[str, ...]:
+    """The media parts (``image_url``, ``video_url``) this vLLM's server takes by identity
+    alone (the part's data ``None``, its ``uuid`` naming an item in the processor cache).
+    0.32 parses both; 0.26 parses a null image but asserts on a null video, a 500 where a
+    missing item would be a 400 (the sixth H200 lease's Qwen2-VL follow-up). Both when
+    vLLM cannot be asked: the front then learns it from the engine's answers."""
+    try:
+        from vllm.multimodal.parse import MultiModalDataParser
+
+        parser = MultiModalDataParser()
+    except Exception:  # not importable here, or another constructor: cannot tell
+        return ("image_url", "video_url")
+    kinds = []
+    for kind, parse in (("image_url", parser._parse_image_data),
+                        ("video_url", parser._parse_video_data)):
+        try:
+            parse([None])
+        except Exception:  # 0.26's video parser: assert_never(None)
+            continue
+        kinds.append(kind)
+    return tuple(kinds)
+
+
 # ---- vLLM's KV offloading API (vllm.v1.kv_offload): 0.26 -> 0.32 ---------------------------
 
 
