@@ -26,7 +26,7 @@ video_args=${VIDEO_ARGS:-"--model benchmarks/geometries/qwen2vl7b --dummy-weight
 # a fresh machine's first start took 4 minutes (the run then spans two device calls)
 serve_args=${SERVE_ARGS:-"--phase-s 10 --drain-s 8 --pause-s 2 --ours-layout proxy \
   --proxy-workers 8"}
-serve_shapes=${SERVE_SHAPES:-"llava7b:12,56,70,84,112 qwen2vl7b:8,40,48,56,72,88"}
+serve_shapes=${SERVE_SHAPES:-"llava7b:12,56,70,84,98,112 qwen2vl7b:8,40,48,56,72,80,88"}
 # one-diag: DIAG_SHAPE (default llava7b:12,56) once per DIAG_CONFIGS entry (NAME=JSON,
 # space-separated; ours' --ours-config), each beside plain again: diag-NAME.json
 diag_shape=${DIAG_SHAPE:-"llava7b:12,56"}

@@ -417,3 +417,20 @@ def test_a_kept_overlap_counts_only_the_front_time_before_the_engine_started() -
     out = summarize([kept, dropped, plain], 1.0, Slo())
     assert out["overlaps"] == {"dropped": 1, "kept": 1}
     assert out["miss_overlap"] == {"None": 1, "dropped": 1, "kept": 1}
+
+
+def test_held_media_outcomes_are_counted_per_side() -> None:
+    import json
+
+    from vlmcache_lab.serve_gpu_load import _on_line, summarize
+
+    def row(i: int, held: str | None) -> dict:
+        r = {"i": i, "status": 200, "ttft_ms": 100.0, "e2e_ms": 200.0, "tier": None,
+             "kind": "followup"}
+        report = {"hit_tier": None, **({"held_media": held} if held else {})}
+        _on_line(r, "data: " + json.dumps({"choices": [], "vlmcache": report}), 0.0)
+        return r
+
+    out = summarize([row(0, "elided"), row(1, "elided"), row(2, "resent"), row(3, None)],
+                    1.0, Slo())
+    assert out["held_media"] == {"elided": 2, "resent": 1}

@@ -82,6 +82,7 @@ def _on_line(row: dict[str, Any], line: str, t0: float) -> None:
             row[key] = int(report.get(key) or 0)  # where the engine's prompt tokens came from
         stages = report.get("front_ms")
         row["overlap"] = report.get("miss_overlap")  # the engine started before the cascade
+        row["held_media"] = report.get("held_media")  # media named by identity alone
         if isinstance(stages, dict):  # the front's own time on this request
             own = {k: float(v) for k, v in stages.items() if isinstance(v, (int, float))}
             ahead = {k: v for k, v in own.items() if k not in OVERLAPPED} \
@@ -177,7 +178,10 @@ def summarize(rows: Sequence[dict[str, Any]], wall_s: float, slo: Slo,
             # every request whose engine call started before the cascade decided: kept as
             # its answer, or dropped (aborted) for a hit; misses' own in miss_overlap
             "overlaps": dict(sorted(Counter(str(r["overlap"]) for r in ok
-                                            if r.get("overlap")).items()))}
+                                            if r.get("overlap")).items())),
+            # engine calls that named media vLLM holds by uuid alone, or resent them in full
+            "held_media": dict(sorted(Counter(str(r["held_media"]) for r in ok
+                                              if r.get("held_media")).items()))}
 
 
 def miss_breakdown(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
