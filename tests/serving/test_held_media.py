@@ -207,11 +207,13 @@ def test_the_proxy_names_held_media_only_where_calls_reach_the_engine_that_holds
     assert (proxy.app.held.budget_bytes > 0) == on
 
 
-def test_an_engine_that_raises_on_a_null_video_gets_videos_in_full_from_then_on(tmp_path):
+def test_an_engine_that_raises_on_a_null_video_gets_videos_in_full_for_an_hour(tmp_path):
     from fakes import clip_bytes, clip_frames, video_chat
 
     engine = FakeEngineApp(null_video_raises=True)  # vLLM 0.26's parser, behind a proxy
     app, engine, registry = _rig(tmp_path, engine=engine)
+    clock = [0.0]
+    app.held = HeldMedia(app.held.budget_bytes, clock=lambda: clock[0])
     clip, im = clip_bytes(clip_frames(seed=2)), image(9, size=48)
     answers = _post(app, video_chat("What happens?", clip, tenant="A"),
                     video_chat("Then what?", clip, tenant="A"),
@@ -225,6 +227,11 @@ def test_an_engine_that_raises_on_a_null_video_gets_videos_in_full_from_then_on(
     assert app.held.kinds == {"image_url"}
     assert registry.get_sample_value("vlmcache_front_held_media_total",
                                      {"outcome": "resent"}) == 1
+    clock[0] += held_media.UNSUPPORTED_S + 1  # a transient failure costs no more than that
+    assert app.held.kinds == {"image_url", "video_url"}
+    later, = _post(app, video_chat("Once more?", clip, tenant="A"))  # tried again: fails
+    assert later.status_code == 200 and later.json()["vlmcache"]["held_media"] == "resent"
+    assert len(engine.raised) == 2 and app.held.kinds == {"image_url"}
 
 
 def test_mounted_in_vllms_server_the_front_elides_what_its_parser_takes(tmp_path, monkeypatch):

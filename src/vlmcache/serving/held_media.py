@@ -27,7 +27,8 @@ Not every vLLM takes every kind by identity alone: 0.26 parses a null image but 
 null video with a 500 (an exception inside its server). Mounted in vLLM's server, the
 front asks vLLM's parser which kinds it takes (:func:`vlmcache.vllm.compat.null_media_kinds`);
 elsewhere (``vlmcache proxy``) an elided call that fails otherwise than with the cache-miss
-refusal, and whose full body then passes, stops the elision of its kinds in this process.
+refusal, and whose full body then passes, stops the elision of its kinds in this process
+for :data:`UNSUPPORTED_S` (a transient failure then costs no more than that).
 """
 
 from __future__ import annotations
@@ -50,6 +51,8 @@ BYTES_PER_PIXEL = 12
 #: Refused elided calls in a row after which the front stops eliding for a while.
 PAUSE_AFTER = 3
 PAUSE_S = 60.0
+#: How long a kind the engine failed on (otherwise than by refusing it) goes in full.
+UNSUPPORTED_S = 3600.0
 _DATA_KEYS = ("image_url", "video_url")
 #: The start of vLLM's refusal of an item named without data that it does not hold (400).
 REFUSAL = b"Cache miss for "
@@ -82,7 +85,8 @@ class HeldMedia:
         """``kinds``: the parts the engine takes by identity alone (see the module's
         docstring)."""
         self.budget_bytes, self._clock = budget_bytes, clock
-        self.kinds = frozenset(kinds)
+        self._kinds = frozenset(kinds)
+        self._kind_paused_until: dict[str, float] = {}
         self._items: OrderedDict[str, int] = OrderedDict()
         self._bytes = 0
         self._refusals = 0
@@ -100,8 +104,9 @@ class HeldMedia:
         with self._lock:
             if self._clock() < self._paused_until:
                 return None
+            kinds = self._kinds_now()
             held = [item for item in _items(body, req)
-                    if item.key in self._items and item.kind in self.kinds]
+                    if item.key in self._items and item.kind in kinds]
             for item in held:
                 self._items.move_to_end(item.key)
         if not held:
@@ -144,14 +149,26 @@ class HeldMedia:
 
     def unsupported(self, elided: Elided) -> None:
         """The engine failed on ``elided`` otherwise than by refusing it and took the full
-        body: it does not take those kinds by identity alone; stop eliding them."""
+        body: it does not take those kinds by identity alone; stop eliding them for
+        :data:`UNSUPPORTED_S`."""
         with self._lock:
             for key in elided.keys:
                 self._bytes -= self._items.pop(key, 0)
-            self.kinds = self.kinds - elided.kinds
+            until = self._clock() + UNSUPPORTED_S
+            self._kind_paused_until.update((kind, until) for kind in elided.kinds)
         logger.warning("front: the engine failed on %s parts named by identity alone and "
-                       "answered them with their data; sending those in full from now on",
-                       " and ".join(sorted(elided.kinds)))
+                       "answered them with their data; sending those in full for %.0f s",
+                       " and ".join(sorted(elided.kinds)), UNSUPPORTED_S)
+
+    @property
+    def kinds(self) -> frozenset[str]:
+        """The kinds of media parts elided now."""
+        with self._lock:
+            return self._kinds_now()
+
+    def _kinds_now(self) -> frozenset[str]:
+        now = self._clock()
+        return frozenset(k for k in self._kinds if self._kind_paused_until.get(k, 0.0) <= now)
 
     def _put(self, key: str, nbytes: int) -> None:
         if nbytes > self.budget_bytes:
