@@ -106,6 +106,12 @@ def _first_server(server, clip) -> None:
     # another tenant shares nothing
     _, r6 = ask(server, ffv1, tenant="globex")
     assert r6["hit_tier"] is None and r6["tokens_from_prefix_cache"] < 32
+    # a follow-up on a clip vLLM's processor cache holds names it by uuid alone (vLLM 0.32
+    # takes a null video; 0.26 does not, and the front asks its parser)
+    named, r7 = ask(server, ffv1, FOLLOW_UP)
+    assert r7["held_media"] == "elided" and r7["hit_tier"] is None, r7
+    full, r8 = ask(server, ffv1, FOLLOW_UP, tenant="initech")
+    assert "held_media" not in r8 and named == full
 
 
 def _changed(clip: np.ndarray) -> np.ndarray:
