@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import base64
 import dataclasses
-import hashlib
 import json
 import logging
 import threading
@@ -22,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 import numpy as np
+from blake3 import blake3
 
 from vlmcache.config import VlmCacheConfig
 from vlmcache.errors import RequestError, RequestTooLarge
@@ -90,7 +90,7 @@ class LoadedVideo:
 
 class DecodedVideos:
     """Video URLs already decoded: the same encoded bytes are decoded once (an LRU bounded
-    by its thumbnails' bytes, keyed by the URL text's SHA-256 and the sampling kwargs;
+    by its thumbnails' bytes, keyed by the URL text's BLAKE3 and the sampling kwargs;
     remote URLs never)."""
 
     def __init__(self, max_bytes: int = 64 * 1024**2) -> None:
@@ -108,7 +108,7 @@ class DecodedVideos:
         if not isinstance(url, str) or not url:
             raise RequestError(f"{field}: expected a video URL string")
         kwargs = video_kwargs(sampling, runtime)
-        key = hashlib.sha256(url.encode("latin-1", "replace")).digest() + json.dumps(
+        key = blake3(url.encode("latin-1", "replace")).digest() + json.dumps(
             [kwargs, dict(processor_kwargs or {}), repr(limits), thumbs], sort_keys=True,
             default=str).encode()
         with self._lock:
