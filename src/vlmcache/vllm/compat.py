@@ -61,7 +61,7 @@ def null_media_kinds() -> tuple[str, ...]:
     """The media parts (``image_url``, ``video_url``) this vLLM's server takes by identity
     alone (the part's data ``None``, its ``uuid`` naming an item in the processor cache).
     0.32 parses both; 0.26 parses a null image but asserts on a null video, a 500 where a
-    missing item would be a 400 (the sixth H200 lease's Qwen2-VL follow-up). Both when
+    missing item would be a 400 (the seventh H200 lease's Qwen2-VL follow-up). Both when
     vLLM cannot be asked: the front then learns it from the engine's answers."""
     try:
         from vllm.multimodal.parse import MultiModalDataParser
