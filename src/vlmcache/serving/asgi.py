@@ -65,11 +65,12 @@ class VlmCacheMiddleware:
         self.open_routes = parse_open_routes(self.front.config.open_routes)
         self.in_flight = InFlight(self.front.config.miss_overlap_max_inflight)
         config = self.front.config  # a client's own uuids name data we cannot vouch for
+        budget = config.held_media_bytes if one_engine \
+            and config.client_image_uuids != "trust" else 0
         # mounted in vLLM's server (no front given): its parser says which media it takes
         # by identity alone; in front of another process the answers say it
-        kinds = null_media_kinds() if front is None else ("image_url", "video_url")
-        self.held = HeldMedia(config.held_media_bytes if one_engine
-                              and config.client_image_uuids != "trust" else 0, kinds=kinds)
+        self.held = HeldMedia(budget, kinds=null_media_kinds()) if front is None \
+            else HeldMedia(budget)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] not in ("http", "websocket"):  # lifespan
@@ -202,7 +203,7 @@ class VlmCacheMiddleware:
 
     async def _forward(self, body: dict[str, Any] | None, scope: Scope, receive: Receive,
                        send: Send) -> None:
-        data = _json_bytes(body)
+        data = json.dumps(body).encode()
         await self.app(with_content_length(scope, data), replay_body(data, receive), send)
 
 
@@ -320,10 +321,6 @@ def _route_path(scope: Scope) -> str:
     if root and path.startswith(root) and path[len(root):len(root) + 1] in ("/", ""):
         return path[len(root):]
     return path
-
-
-def _json_bytes(body: dict[str, Any] | None) -> bytes:
-    return json.dumps(body).encode()
 
 
 def _headers(scope: Scope) -> dict[str, str]:

@@ -136,8 +136,7 @@ class HeldMedia:
         """The engine refused an elided body and took the full one: forget its items;
         after :data:`PAUSE_AFTER` in a row, pause eliding (logged once per pause)."""
         with self._lock:
-            for key in elided.keys:
-                self._bytes -= self._items.pop(key, 0)
+            self._forget(elided.keys)
             self._refusals += 1
             if self._refusals < PAUSE_AFTER:
                 return
@@ -152,8 +151,7 @@ class HeldMedia:
         body: it does not take those kinds by identity alone; stop eliding them for
         :data:`UNSUPPORTED_S`."""
         with self._lock:
-            for key in elided.keys:
-                self._bytes -= self._items.pop(key, 0)
+            self._forget(elided.keys)
             until = self._clock() + UNSUPPORTED_S
             self._kind_paused_until.update((kind, until) for kind in elided.kinds)
         logger.warning("front: the engine failed on %s parts named by identity alone and "
@@ -169,6 +167,10 @@ class HeldMedia:
     def _kinds_now(self) -> frozenset[str]:
         now = self._clock()
         return frozenset(k for k in self._kinds if self._kind_paused_until.get(k, 0.0) <= now)
+
+    def _forget(self, keys: tuple[str, ...]) -> None:
+        for key in keys:
+            self._bytes -= self._items.pop(key, 0)
 
     def _put(self, key: str, nbytes: int) -> None:
         if nbytes > self.budget_bytes:
@@ -219,6 +221,7 @@ class EngineCall:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         elided = self.held.elide(self.body, self.req)
+        refused = False  # the elided call met vLLM's refusal (not another failure)
         if elided is not None:
             data = json.dumps(elided.body).encode()
             gate = _StatusGate(send)
@@ -237,16 +240,15 @@ class EngineCall:
                 return
             if not gate.status:  # no answer at all: the client left, the call was aborted
                 return
-            self.outcome = "resent"
+            self.outcome, refused = "resent", REFUSAL in gate.head
             logger.debug("front: the engine refused held media named without data (%d %r); "
                          "sending the full body", gate.status, gate.head[:200])
-        first_head = gate.head if elided is not None else b""
         full = json.dumps(self.body).encode()  # a video's data URL: MBs, serialized once
         gate = _StatusGate(send, hold=False)
         await self.app(with_content_length(scope, full), replay_body(full, receive), gate)
         if not gate.passed:
             return  # the request's own error: the items may well be held still
-        if elided is not None and REFUSAL in first_head:  # the engine did not hold them
+        if elided is not None and refused:  # the engine did not hold them
             self.held.refused(elided)
         elif elided is not None:  # another failure the full body did not meet
             self.held.unsupported(elided)
