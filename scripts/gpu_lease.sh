@@ -8,6 +8,7 @@
 # On a 1-GPU machine (2-GPU kinds withheld) the same runs go one after the other:
 #   bash scripts/gpu_lease.sh one-serve   # the serving load bench (both shapes), waits
 #   bash scripts/gpu_lease.sh one-video   # waits for it, then the video bench, waits
+#   bash scripts/gpu_lease.sh video       # the video bench alone (no serving run before it)
 #   bash scripts/gpu_lease.sh one-front   # waits for video; front_capacity (FRONT_WORKERS)
 #   bash scripts/gpu_lease.sh one-diag    # waits for video; the serving bench again on one
 #                                         # shape per DIAG_CONFIGS entry (ours' config varied)
@@ -84,6 +85,12 @@ case "${1:-}" in
       pack_logs video
     fi
     ;;
+  video)  # a lease for the video bench alone: start it and wait
+    # shellcheck disable=SC2086
+    bash scripts/gpu_video.sh start $video_args
+    bash scripts/gpu_video.sh wait "$wait_s"
+    pack_logs video
+    ;;
   one-front)
     bash scripts/gpu_video.sh wait "$wait_s"
     pack_logs video
@@ -116,6 +123,6 @@ case "${1:-}" in
       pack_logs "diag-$name"
     done
     ;;
-  *) echo "usage: $0 tp2 | pair | replicas | one-serve | one-video | one-front | one-diag"
+  *) echo "usage: $0 tp2 | pair | replicas | one-serve | one-video | video | one-front | one-diag"
      exit 2 ;;
 esac

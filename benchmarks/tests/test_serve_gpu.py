@@ -357,6 +357,23 @@ def test_engine_metrics_give_the_phases_means_from_vllms_histograms():
     assert none["requests"] == 0 and none["ttft_mean_ms"] is None
 
 
+def test_engine_metrics_count_the_fronts_video_handoff_by_outcome():
+    from vlmcache_lab.engine_metrics import parse_sums, phase_means
+
+    def text(kept, taken, decoded):
+        return "\n".join([
+            "# TYPE vlmcache_video_handoff counter",
+            f'vlmcache_video_handoff_total{{outcome="kept"}} {kept}',
+            f'vlmcache_video_handoff_total{{outcome="taken"}} {taken}',
+            f'vlmcache_video_handoff_total{{outcome="decoded"}} {decoded}'])
+
+    before = parse_sums(text(2, 2, 1))
+    after = parse_sums(text(8, 7, 2))
+    assert phase_means(before, after)["video_handoff"] == {"kept": 6, "taken": 5,
+                                                          "decoded": 1}
+    assert "video_handoff" not in phase_means({}, {})  # plain vLLM: no such counter
+
+
 def test_the_engine_behind_ours_proxy_is_where_its_metrics_are():
     from types import SimpleNamespace
 

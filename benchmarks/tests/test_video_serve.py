@@ -5,7 +5,8 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 from vlmcache_lab.video_requests import _on_line, body
-from vlmcache_lab.video_serve import answers_equal, make_server, summarize, vllm_flags
+from vlmcache_lab.video_serve import (answers_equal, compact_rows, make_server, summarize,
+                                      vllm_flags)
 
 ARGS = SimpleNamespace(model="/m", frames=8, step=2, stream_requests=3, text_before_video=4,
                        max_tokens=8, max_model_len=2048, dummy_weights=False,
@@ -51,6 +52,10 @@ def test_summary_fields_and_frames_reused_count_whole_frames_past_the_text():
             "restart_followup": [_row(40, 20, 512, report=report)] * 2,
             "stream": [_row(100, 50), _row(90, 45, 4 + 64 * 5 + 10), _row(90, 40, 3)]}
     out = summarize(rows, ARGS, 64)
+    assert "engine" not in out  # no /metrics view recorded
+    engine = {"miss": {"ttft_mean_ms": 80.0, "video_handoff": {"kept": 2, "taken": 2}}}
+    assert summarize({**rows, "engine": engine}, ARGS, 64)["engine"] == engine
+    assert "engine" not in compact_rows({**rows, "engine": engine})
     assert out["miss_ms"] == 110 and out["reencoded_ms"] == 30 and out["followup_ms"] == 35
     assert out["encoder_outputs_loaded"] == 2 and out["tokens_loaded"] == 1024
     assert out["stream"]["frames_reused"] == [5, 0] and out["stream"]["ttft_p50_ms"] == 42.5

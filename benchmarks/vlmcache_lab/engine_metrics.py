@@ -11,6 +11,8 @@ from typing import Any
 HISTOGRAMS = {"ttft": "vllm:time_to_first_token_seconds",
               "queue": "vllm:request_queue_time_seconds",
               "prefill": "vllm:request_prefill_time_seconds"}
+#: vlmcache's own counters read per phase, by their ``outcome`` label (absent on plain vLLM)
+COUNTERS = {"video_handoff": "vlmcache_video_handoff_total"}
 
 
 def parse_sums(text: str) -> dict[str, float]:
@@ -18,11 +20,16 @@ def parse_sums(text: str) -> dict[str, float]:
     from prometheus_client.parser import text_string_to_metric_families
 
     wanted = {f"{m}{suffix}" for m in HISTOGRAMS.values() for suffix in ("_sum", "_count")}
+    counters = set(COUNTERS.values())
     out: dict[str, float] = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
-            if sample.name in wanted:
-                out[sample.name] = out.get(sample.name, 0.0) + float(sample.value)
+            name = sample.name
+            if name in counters:  # one entry per outcome: name{outcome}
+                name = f"{name}{{{sample.labels.get('outcome', '')}}}"
+            elif name not in wanted:
+                continue
+            out[name] = out.get(name, 0.0) + float(sample.value)
     return out
 
 
@@ -50,4 +57,10 @@ def phase_means(before: dict[str, float] | None,
         out[f"{key}_mean_ms"] = round(total / n * 1000, 2) if n > 0 else None
     out["requests"] = int(after.get(HISTOGRAMS["ttft"] + "_count", 0.0)
                           - before.get(HISTOGRAMS["ttft"] + "_count", 0.0))
+    for key, metric in COUNTERS.items():
+        prefix = metric + "{"
+        moved = {name[len(prefix):-1]: int(value - before.get(name, 0.0))
+                 for name, value in after.items() if name.startswith(prefix)}
+        if moved:
+            out[key] = moved
     return out

@@ -18,7 +18,9 @@ at a time (latency, not load):
 - ``restart_followup``: after a restart on the same store, a third question on each clip.
 
 Each row keeps what the server said it reused (vlmcache's report; plain vLLM's
-``prompt_tokens_details.cached_tokens``). Frames reused per stream request are the cached
+``prompt_tokens_details.cached_tokens``); per phase and server, ``engine`` is vLLM's own
+view from ``/metrics`` (TTFT, queue and prefill means) and, for ours, what became of the
+front's decodes (``video_handoff``: kept / taken by vLLM's loader / decoded again). Frames reused per stream request are the cached
 prompt tokens past the text before the video, in whole frames of the model's tokens.
 """
 
@@ -35,6 +37,7 @@ import numpy as np
 
 from vlmcache.testing.clips import synthetic_frames, write_clip
 from vlmcache.testing.server import ServerProcess
+from vlmcache_lab.engine_metrics import phase_means, scrape
 from vlmcache_lab.serve_gpu_servers import start_servers, stop_servers
 from vlmcache_lab.video_requests import ask, body
 
@@ -42,6 +45,8 @@ QUESTION = "what is moving in the video?"
 FOLLOW_UP_FIRST = "how many shapes are there?"
 FOLLOW_UP = "which shape moves fastest?"
 STREAM_Q = "what changed in the last seconds?"
+#: phases whose engine view (``/metrics`` before and after) the result keeps
+ENGINE_PHASES = ("miss", "reencoded", "followup")
 # encoder_cache_v1_runner: the encoder-output tier is what issue 34 measures after a
 # restart; on vLLM 0.26's GPUs wiring it runs ours' engine on vLLM's V1 model runner (plain
 # keeps its default V2), which the product's default avoids by leaving the tier out there
@@ -93,14 +98,19 @@ def turn_order(i: int, kinds: Sequence[str]) -> list[str]:
     return list(kinds) if i % 2 == 0 else list(reversed(kinds))
 
 
-def phase(urls: dict[str, str], payloads: Sequence[dict[str, Any]]
-          ) -> dict[str, list[dict[str, Any]]]:
+def phase(urls: dict[str, str], payloads: Sequence[dict[str, Any]],
+          engine: dict[str, Any] | None = None) -> dict[str, list[dict[str, Any]]]:
     """Every payload to every server, in :func:`turn_order`; each server's rows in payload
-    order."""
+    order. ``engine``: filled per server with the engine's own view of the phase (vLLM's
+    TTFT / queue / prefill means, the front's video handoff outcomes) from ``/metrics``."""
+    before = {kind: scrape(url) for kind, url in urls.items()} if engine is not None else {}
     rows: dict[str, list[dict[str, Any]]] = {kind: [] for kind in urls}
     for i, payload in enumerate(payloads):
         for kind in turn_order(i, list(urls)):
             rows[kind].append(ask(urls[kind], payload))
+    if engine is not None:
+        for kind, url in urls.items():
+            engine[kind] = phase_means(before[kind], scrape(url))
     return rows
 
 
@@ -119,11 +129,15 @@ def measure_first(urls: dict[str, str], args: Any) -> dict[str, dict[str, Any]]:
     """Warm-up (first-request costs out of the measured rows), misses, re-encoded copies,
     follow-ups and the stream, on started servers; per server, its rows per phase."""
     _warm_up(urls, args, (9000, 9001))
-    phases = {"miss": phase(urls, _asks(args, "mp4v", QUESTION)),
-              "reencoded": phase(urls, _asks(args, "mjpg", QUESTION)),
-              "followup": phase(urls, _asks(args, "mp4v", FOLLOW_UP_FIRST, stream=False)),
+    engine: dict[str, dict[str, Any]] = {name: {} for name in ENGINE_PHASES}
+    phases = {"miss": phase(urls, _asks(args, "mp4v", QUESTION), engine["miss"]),
+              "reencoded": phase(urls, _asks(args, "mjpg", QUESTION), engine["reencoded"]),
+              "followup": phase(urls, _asks(args, "mp4v", FOLLOW_UP_FIRST, stream=False),
+                                engine["followup"]),
               "stream": phase(urls, stream_payloads(args))}
-    return {kind: {name: rows[kind] for name, rows in phases.items()} for kind in urls}
+    return {kind: {**{name: rows[kind] for name, rows in phases.items()},
+                   "engine": {name: engine[name].get(kind) for name in ENGINE_PHASES}}
+            for kind in urls}
 
 
 def stream_payloads(args: Any) -> list[dict[str, Any]]:
@@ -203,6 +217,8 @@ def summarize(rows: dict[str, Any], args: Any, tokens_per_frame: int) -> dict[st
         out["encoder_outputs_loaded"] = sum(int(r["images_loaded"]) for r in reports)
         out["tokens_loaded"] = sum(int(r["tokens_loaded"]) for r in reports)
         out["reencoded_tiers"] = [(r["report"] or {}).get("hit_tier") for r in rows["reencoded"]]
+    if rows.get("engine"):
+        out["engine"] = rows["engine"]
     return out
 
 
@@ -233,6 +249,8 @@ def compact_rows(rows: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
     keep = ("ttft_ms", "e2e_ms", "prompt_tokens", "cached_tokens")
     out = {}
     for phase, phase_rows in rows.items():
+        if phase == "engine":  # per phase, the engine's view: kept whole in the summary
+            continue
         out[phase] = []
         for r in phase_rows:
             row = {k: round(r[k], 2) if isinstance(r[k], float) else r[k] for k in keep}

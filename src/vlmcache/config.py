@@ -157,10 +157,10 @@ class VlmCacheConfig:
         video_store_budget: bytes of memory for canonical videos (their frames' thumbnails
             and bytes; least recently used out, one tenant at most half).
         video_handoff_budget: bytes of decoded frames the front keeps for vLLM's video
-            loader in its own process (``vlmcache serve``), so a clip is decoded once; 0:
-            vLLM decodes each clip again.
-        video_handoff_ttl_s: how long a kept decode waits for the engine's loader (one
-            the engine never asks for, an answer from the response tier, leaves then).
+            loader in its own process (``vlmcache serve``), so a clip is decoded once, and
+            later questions on it (whose bytes vLLM 0.26 must get again) are not decoded
+            again; least recently used out; 0: vLLM decodes each clip again.
+        video_handoff_ttl_s: how long a kept decode stays after its last use.
         max_request_bytes: largest request body the front accepts.
         miss_overlap_max_inflight: while the front has fewer engine calls in flight than
             this (per process), a request the response tier missed is sent to the engine
@@ -299,7 +299,7 @@ class VlmCacheConfig:
     enable_video_near_duplicates: bool = False
     video_store_budget: int = 256 * 1024**2
     video_handoff_budget: int = 1024**3
-    video_handoff_ttl_s: float = 30.0
+    video_handoff_ttl_s: float = 120.0
     max_request_bytes: int = 64 * 1024**2
     engine_cpus: int = 4
     front_thread_nice: int = 5

@@ -18,7 +18,7 @@ FRAMES = 8  # --media-io-kwargs: the engine samples 8 frames (64 tokens each)
 QUESTION = "what is moving in the video?"
 FOLLOW_UP = "which shape moves fastest?"
 CONFIG = {"block_size": 32, "enable_video_near_duplicates": True, "memory_budget": "256MiB",
-          "disk_write": "sync"}
+          "disk_write": "sync", "video_handoff_ttl_s": 900}  # no expiry on a slow machine
 
 
 @pytest.fixture(scope="module")
@@ -88,6 +88,7 @@ def _first_server(server, clip) -> None:
     assert r1["video_encoder_mixes_frames"] is False  # LLaVA-NeXT-Video: CLIP per frame
     assert r1["prompt_tokens"] > FRAMES * 64 and r1["tokens_computed"] == r1["prompt_tokens"]
     assert "took the front's decode (clip decoded once" in server.log()  # one decode
+    assert _handoff(server) == {"kept": 1, "taken": 1}  # and vLLM's loader decoded nothing
     # the same frames in another lossless container: the response tier answers
     again, r2 = ask(server, write_clip(None, clip, 4.0, "huffyuv"), codec="huffyuv",
                     cache_answers=True)
@@ -112,6 +113,22 @@ def _first_server(server, clip) -> None:
     assert r7["held_media"] == "elided" and r7["hit_tier"] is None, r7
     full, r8 = ask(server, ffv1, FOLLOW_UP, tenant="initech")
     assert "held_media" not in r8 and named == full
+    # every clip vLLM's loader was asked for came from the front's decodes, the other
+    # tenants' asks of the first clip too (vLLM skips the loader where its processor cache
+    # holds the uuid: the same tenant's asks)
+    handoff = _handoff(server)
+    assert handoff["taken"] >= 4 and handoff.get("decoded", 0) == 0, handoff
+
+
+def _handoff(server) -> dict[str, int]:
+    """The front's video handoff outcomes so far, from the server's ``/metrics``."""
+    import httpx
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = httpx.get(server.url + "/metrics", timeout=10).text
+    return {s.labels["outcome"]: int(s.value)
+            for family in text_string_to_metric_families(text)
+            for s in family.samples if s.name == "vlmcache_video_handoff_total"}
 
 
 def _changed(clip: np.ndarray) -> np.ndarray:

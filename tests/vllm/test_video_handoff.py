@@ -22,13 +22,16 @@ def _frames(n: int = 2) -> np.ndarray:
     return np.zeros((n, 4, 4, 3), np.uint8)  # 48 bytes a frame
 
 
-def test_a_kept_clip_is_taken_once_with_its_metadata():
+def test_a_kept_clip_is_taken_as_copies_while_it_is_kept():
     handoff = ClipHandoff(10_000, 30.0)
     frames = _frames()
     assert handoff.put(b"k", frames, {"fps": 2.0})
     got, meta = handoff.take(b"k")
-    assert got is frames and meta == {"fps": 2.0}
-    assert handoff.take(b"k") is None and handoff.nbytes == 0
+    assert got is not frames and np.array_equal(got, frames) and meta == {"fps": 2.0}
+    got[:] = 7  # what the engine does to its frames never reaches the kept ones
+    again, _ = handoff.take(b"k")
+    assert np.array_equal(again, frames) and not again.any()
+    assert handoff.nbytes == frames.nbytes and handoff.taken == 2
 
 
 def test_kept_clips_leave_by_age_and_by_the_byte_budget():
@@ -42,8 +45,21 @@ def test_kept_clips_leave_by_age_and_by_the_byte_budget():
     assert handoff.take(b"a") is None and handoff.nbytes == 2 * 96
     clock.now = 41  # b is 31 s old
     assert handoff.take(b"b") is None
-    assert handoff.take(b"c") is not None and handoff.nbytes == 0
+    assert handoff.take(b"c") is not None and handoff.nbytes == 96
+    clock.now = 70  # c was used at 41: 29 s ago, still kept
+    assert handoff.take(b"c") is not None
+    clock.now = 101
+    assert handoff.take(b"c") is None and handoff.nbytes == 0
     assert not handoff.put(b"big", _frames(100), {})  # alone over the budget: not kept
+
+
+def test_the_least_recently_used_clip_leaves_first():
+    handoff = ClipHandoff(2 * 96, 30.0, _Clock())
+    handoff.put(b"a", _frames(), {})
+    handoff.put(b"b", _frames(), {})
+    handoff.take(b"a")  # a used since b was kept
+    handoff.put(b"c", _frames(), {})
+    assert handoff.take(b"b") is None and handoff.take(b"a") is not None
 
 
 @pytest.fixture
@@ -71,10 +87,47 @@ def test_the_engines_decode_takes_the_fronts_frames(installed):
     data = _clip()
     frames, meta = video_io.load_video(data, sampling, kwargs, keep=True)
     taken_frames, taken_meta = _engine_decode(data, sampling, kwargs)
-    assert taken_frames is frames and taken_meta == meta and installed.taken == 1
-    again, _ = _engine_decode(data, sampling, kwargs)  # taken once: decoded afresh
-    assert again is not frames and np.array_equal(again, frames)
-    assert installed.nbytes == 0
+    assert np.array_equal(taken_frames, frames) and taken_meta == meta
+    assert installed.taken == 1 and installed.decoded == 0
+    # a later question on the same clip: the engine's loader is served again, not decoding
+    again, _ = _engine_decode(data, sampling, kwargs)
+    assert again is not taken_frames and np.array_equal(again, frames)
+    assert installed.taken == 2 and installed.decoded == 0 and installed.nbytes == frames.nbytes
+
+
+def test_every_outcome_is_counted_and_observed():
+    clock, seen = _Clock(), []
+    handoff = ClipHandoff(2 * 96, 30.0, clock, observe=seen.append)
+    handoff.put(b"a", _frames(), {})
+    assert handoff.take(b"a") is not None
+    handoff.put(b"b", _frames(), {})
+    assert handoff.take(b"b", by_engine=False) is not None  # the front again: not taken
+    handoff.note_decoded()
+    clock.now = 31
+    assert handoff.take(b"a") is None
+    assert seen == ["kept", "taken", "kept", "decoded", "expired", "expired"]
+    assert (handoff.kept, handoff.taken, handoff.expired, handoff.decoded) == (2, 1, 2, 1)
+
+
+def test_an_observer_that_raises_costs_nothing():
+    def broken(outcome: str) -> None:
+        raise RuntimeError("metrics down")
+
+    handoff = ClipHandoff(10_000, 30.0, observe=broken)
+    assert handoff.put(b"k", _frames(), {}) and handoff.take(b"k") is not None
+    assert (handoff.kept, handoff.taken) == (1, 1)
+
+
+def test_the_engines_own_decodes_are_counted(installed):
+    sampling = video_io.VideoSampling({"video": {"num_frames": 4}})
+    kwargs = video_io.video_kwargs(sampling, None)
+    data = _clip()
+    _engine_decode(data, sampling, kwargs)  # nothing kept: the engine decodes
+    video_io.load_video(data, sampling, kwargs, keep=True)
+    _engine_decode(data, sampling, kwargs)  # takes the front's
+    _engine_decode(data, sampling, kwargs)  # and again
+    _engine_decode(_clip(4), sampling, kwargs)  # other bytes: decoded
+    assert (installed.kept, installed.taken, installed.decoded) == (1, 2, 2)
 
 
 def test_other_bytes_or_other_sampling_decode_as_before(installed):

@@ -34,6 +34,7 @@ from vlmcache.serving.rewrite import bind_tenant
 from vlmcache.routes import (RoutePolicy, parse_open_routes, refusal_message,
                                      route_policy)
 from vlmcache.serving.sse import DONE, StreamAccumulator, event, stream_events
+from vlmcache.serving.wire import dump_json
 from vlmcache.vllm.compat import null_media_kinds
 
 logger = logging.getLogger(__name__)
@@ -203,7 +204,7 @@ class VlmCacheMiddleware:
 
     async def _forward(self, body: dict[str, Any] | None, scope: Scope, receive: Receive,
                        send: Send) -> None:
-        data = json.dumps(body).encode()
+        data = dump_json(body)
         await self.app(with_content_length(scope, data), replay_body(data, receive), send)
 
 
@@ -291,12 +292,14 @@ def front_from_env() -> CascadeFront:
     media_io = spec.get("media_io_kwargs")
     if media_io is not None and not isinstance(media_io, dict):
         raise ConfigError(f"{CONFIG_ENV}: media_io_kwargs in {path} must be an object")
-    front = CascadeFront.for_model(spec["model"], config, metrics=FrontMetrics.create(
-        tenant_label=config.metrics_tenant_label), media_io_kwargs=media_io)
+    metrics = FrontMetrics.create(tenant_label=config.metrics_tenant_label)
+    front = CascadeFront.for_model(spec["model"], config, metrics=metrics,
+                                   media_io_kwargs=media_io)
     # vLLM's server decodes requests' videos in this process: one decode serves both
     from vlmcache.vllm.video_handoff import install
 
-    install(config.video_handoff_budget, config.video_handoff_ttl_s)
+    install(config.video_handoff_budget, config.video_handoff_ttl_s,
+            observe=lambda outcome: metrics.video_handoff.labels(outcome).inc())
     return front
 
 

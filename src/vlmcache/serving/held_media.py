@@ -43,6 +43,7 @@ from typing import Any, Callable, Iterator
 
 from vlmcache.serving.openai_req import ParsedRequest
 from vlmcache.serving.overlap import App, Message, Receive, Scope, Send
+from vlmcache.serving.wire import dump_json
 
 logger = logging.getLogger(__name__)
 
@@ -223,7 +224,7 @@ class EngineCall:
         elided = self.held.elide(self.body, self.req)
         refused = False  # the elided call met vLLM's refusal (not another failure)
         if elided is not None:
-            data = json.dumps(elided.body).encode()
+            data = dump_json(elided.body)
             gate = _StatusGate(send)
             self.outcome = "elided"
             try:
@@ -243,7 +244,7 @@ class EngineCall:
             self.outcome, refused = "resent", REFUSAL in gate.head
             logger.debug("front: the engine refused held media named without data (%d %r); "
                          "sending the full body", gate.status, gate.head[:200])
-        full = json.dumps(self.body).encode()  # a video's data URL: MBs, serialized once
+        full = dump_json(self.body)  # a video's data URL: MBs, serialized once
         gate = _StatusGate(send, hold=False)
         await self.app(with_content_length(scope, full), replay_body(full, receive), gate)
         if not gate.passed:

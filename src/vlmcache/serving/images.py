@@ -8,7 +8,6 @@ them.
 
 from __future__ import annotations
 
-import base64
 import binascii
 import hashlib
 import io
@@ -18,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from vlmcache.errors import RequestError
+from vlmcache.serving.wire import b64decode, b64encode
 
 
 @dataclass(frozen=True)
@@ -98,7 +98,7 @@ def base64_data_url(url: str, field: str, max_bytes: int, medium: str,
     if len(payload) * 3 // 4 > max_bytes:
         raise too_large
     try:
-        return base64.b64decode(payload, validate=True)
+        return b64decode(payload)
     except (binascii.Error, ValueError) as exc:
         raise RequestError(f"{field}: invalid base64 {medium} data ({exc})") from None
 
@@ -150,7 +150,7 @@ def png_data_url(image: Any) -> str:
     """The image as a PNG data URL (what the front sends for canonical pixels)."""
     buf = io.BytesIO()
     image.save(buf, format="PNG")
-    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
+    return "data:image/png;base64," + b64encode(buf.getvalue())
 
 
 class PngUrls:

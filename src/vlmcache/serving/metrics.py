@@ -40,6 +40,7 @@ class FrontMetrics:
     record_waits_cut: Counter
     miss_overlaps: Counter
     held_media: Counter
+    video_handoff: Counter
     tenant_label: bool = True
 
     @classmethod
@@ -88,6 +89,11 @@ class FrontMetrics:
                                "the engine holds without their data (held_media_bytes), by "
                                "outcome: elided, or resent in full after a refusal",
                                ["outcome"], registry=reg),
+            video_handoff=Counter("vlmcache_video_handoff", "Clips the front decoded for "
+                                  "vLLM's video loader, by outcome: kept, taken by the "
+                                  "engine's loader (a copy; again for each later question "
+                                  "on the clip), expired; decoded: the engine's loader "
+                                  "decoded a clip itself", ["outcome"], registry=reg),
             tenant_label=tenant_label)
 
     def tenant(self, tenant: str | None) -> str:

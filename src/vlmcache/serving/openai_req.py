@@ -12,7 +12,6 @@ image identities minted by vlmcache (``vlmc-...``, tenant-scoped) and the tenant
 from __future__ import annotations
 
 import copy
-import json
 import re
 from dataclasses import dataclass
 from typing import Any, Literal, Mapping
@@ -21,6 +20,7 @@ from vlmcache.config import VlmCacheConfig
 from vlmcache.errors import RequestError
 from vlmcache.serving.images import DecodedImages, ImageLimits
 from vlmcache.serving.videos import DecodedVideos, VideoLimits
+from vlmcache.serving.wire import load_json
 from vlmcache.tiers.video import VideoQuery
 from vlmcache.vllm.video_io import VideoSampling
 
@@ -136,10 +136,11 @@ class ParsedRequest:
 
 
 def load_body(raw: bytes) -> dict[str, Any]:
-    """A request body as a JSON object; :class:`RequestError` when it is not valid JSON, not
-    an object, or nested deeper than :data:`MAX_JSON_DEPTH`."""
+    """A request body as a JSON object; :class:`RequestError` when it is not valid JSON (NaN
+    and the infinities are not), not an object, or nested deeper than
+    :data:`MAX_JSON_DEPTH`."""
     try:
-        body = json.loads(raw)
+        body = load_json(raw)
     except RecursionError:
         raise RequestError(f"body: JSON nested deeper than {MAX_JSON_DEPTH} levels") from None
     except ValueError as exc:

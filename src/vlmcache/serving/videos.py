@@ -11,7 +11,6 @@ nothing is cached. Data URLs only, unless the deployment sets ``remote_images: f
 
 from __future__ import annotations
 
-import base64
 import dataclasses
 import json
 import logging
@@ -26,6 +25,7 @@ from blake3 import blake3
 from vlmcache.config import VlmCacheConfig
 from vlmcache.errors import RequestError, RequestTooLarge
 from vlmcache.serving.images import ImageLimits, base64_data_url, fetch_image_bytes
+from vlmcache.serving.wire import b64encode
 from vlmcache.tiers.video import VideoSignature
 from vlmcache.tiers.video_thumbs import FrameThumbs
 from vlmcache.vllm.video_io import VideoSampling, load_video, probe_video, video_kwargs
@@ -190,7 +190,7 @@ def load_video_bytes(data: bytes, field: str, limits: VideoLimits, sampling: Vid
 def video_data_url(data: bytes) -> str:
     """A base64 data URL carrying an encoded clip (its container is read from the bytes,
     so the MIME type only says "video")."""
-    return "data:video/mp4;base64," + base64.b64encode(data).decode()
+    return "data:video/mp4;base64," + b64encode(data)
 
 
 def _check_decoded(field: str, limits: VideoLimits, frames: int, width: int,
