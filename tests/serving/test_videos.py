@@ -174,3 +174,40 @@ def test_the_report_says_whether_the_models_encoder_mixes_frames(tmp_path, model
     assert report["video_encoder_mixes_frames"] is mixes
     image_only = rig.post(chat("What is shown?", image(1))).json()["vlmcache"]
     assert image_only["video_encoder_mixes_frames"] is None
+
+
+def test_a_clips_other_thumbnails_wait_until_it_is_answered(tmp_path, monkeypatch):
+    """Only a lookup's frames are thumbnailed before the engine gets the request (the rest
+    would take vLLM's API-server GIL from its own preparation of it); the rest start once
+    the answer is out, then the frames are let go."""
+    import time
+
+    import vlmcache.tiers.video_thumbs as vt
+    from vlmcache.serving.asgi import VlmCacheMiddleware
+
+    made: list[int] = []
+    real = vt.frame_thumbnails
+
+    def counted(chunk):
+        made.append(len(chunk))
+        return real(chunk)
+
+    monkeypatch.setattr(vt, "frame_thumbnails", counted)
+    rig = Rig(tmp_path, enable_video_near_duplicates=True)
+    at_engine: list[int] = []
+
+    async def engine(scope, receive, send):
+        at_engine.append(sum(made))
+        await rig.engine(scope, receive, send)
+
+    rig.app = VlmCacheMiddleware(engine, front=rig.front)
+    clips = [clip_frames(seed, n=24) for seed in (1, 2)]
+    for frames in clips:  # the second is looked up against the first
+        response = rig.post(video_chat("What moves?", clip_bytes(frames), tenant="A"))
+        assert response.status_code == 200, response.text
+    first = len(vt.lookup_indices(24))
+    assert at_engine[0] <= first and at_engine[1] <= 24 + first, (at_engine, made)
+    deadline = time.monotonic() + 30
+    while sum(made) < 48:  # the rest, after each answer
+        assert time.monotonic() < deadline, made
+        time.sleep(0.01)

@@ -26,13 +26,34 @@ def test_some_frames_first_then_all_are_the_whole_clips_bytes():
     assert np.array_equal(lazy.take([1, 2]), whole[[1, 2]])  # after all(): from the whole
 
 
-def test_the_background_lets_the_frames_go_when_it_is_done():
-    lazy = FrameThumbs.from_frames(synthetic_frames(6, n=24, h=64, w=64))
-    deadline = time.monotonic() + 30
-    while lazy._frames is not None:  # nobody asked for all(): the last job finishes it
-        assert time.monotonic() < deadline
-        time.sleep(0.01)
-    assert lazy._thumbs is not None and lazy._thumbs.shape == (24, 3, 64, 64)
+def test_only_a_lookups_frames_start_before_the_whole_is_asked_for(monkeypatch):
+    """The rest would run beside vLLM's own preparation of the request (its API server's
+    GIL); they start when the clip is recorded or verified whole."""
+    import vlmcache.tiers.video_thumbs as vt
+
+    made = []
+    real = vt.frame_thumbnails
+    monkeypatch.setattr(vt, "frame_thumbnails", lambda chunk: made.append(len(chunk))
+                        or real(chunk))
+    frames = synthetic_frames(6, n=24, h=64, w=64)
+    lazy = FrameThumbs.from_frames(frames)
+    first = vt.lookup_indices(24)
+    assert np.array_equal(lazy.take(first[:3]), real(frames[first[:3]]))
+    time.sleep(0.2)
+    assert made == [len(first)] and lazy._frames is not None
+    assert np.array_equal(lazy.all(), real(frames)) and sum(made) == 24
+    assert lazy._frames is None  # made whole: the frames are let go
+
+
+def test_the_whole_asked_for_from_two_threads_is_made_once():
+    from concurrent.futures import ThreadPoolExecutor
+
+    frames = synthetic_frames(8, n=40, h=64, w=64)
+    lazy = FrameThumbs.from_frames(frames)
+    with ThreadPoolExecutor(4) as threads:
+        wholes = list(threads.map(lambda _: lazy.all(), range(4)))
+    assert all(w is wholes[0] for w in wholes)
+    assert np.array_equal(wholes[0], video_thumbnails(frames))
 
 
 def test_a_failed_background_job_is_made_again_on_the_asking_thread(monkeypatch):

@@ -98,7 +98,10 @@ class VlmCacheMiddleware:
                 plan = await anyio.to_thread.run_sync(self.front.prepare, endpoint, raw,
                                                       _headers(scope), held)
                 if plan.miss_forward is not None:
-                    await self._overlapped(plan, scope, receive, send)
+                    try:
+                        await self._overlapped(plan, scope, receive, send)
+                    finally:
+                        self.front.settle(plan)
                     return
             finally:
                 if held:
@@ -108,7 +111,10 @@ class VlmCacheMiddleware:
         except RequestError as exc:
             await self._bad_request(send, exc)
             return
-        await self._answer(plan, scope, receive, send)
+        try:
+            await self._answer(plan, scope, receive, send)
+        finally:
+            self.front.settle(plan)
 
     async def _answer(self, plan: FrontPlan, scope: Scope, receive: Receive,
                       send: Send) -> None:

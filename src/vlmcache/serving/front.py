@@ -254,6 +254,13 @@ class CascadeFront:
                 self.metrics.held_media.labels(plan.held_media).inc()
         return report
 
+    def settle(self, plan: FrontPlan) -> None:
+        """The request is answered: the clips' thumbnails a lookup did not need start in the
+        background now (kept off the request's path, where they took vLLM's API-server
+        GIL from its own preparation of the request)."""
+        for ref in plan.request.videos:
+            ref.query.thumbs.start_rest()
+
     def drain(self, timeout_s: float | None = None) -> bool:
         """Wait until every queued exact/similarity record is made, at most ``timeout_s``
         (``None``: as long as it takes); whether they all were."""

@@ -180,7 +180,12 @@ def parse_request(endpoint: Endpoint, body: object, headers: Mapping[str, str],
     options = _options(body)
     if endpoint == "chat":
         media = _Media(config, sampling or VideoSampling(), body)
-        transcript, question = _parse_chat(body, config, media)
+        try:
+            transcript, question = _parse_chat(body, config, media)
+        except RequestError:
+            for ref in media.videos:  # decoded (and memoized) before the error: let go
+                ref.query.thumbs.start_rest()
+            raise
         return ParsedRequest(endpoint, body, tenant, options, tuple(media.images), transcript,
                              question, tuple(media.videos))
     return ParsedRequest(endpoint, body, tenant, options, (), _completion_prompt(body, config),

@@ -1,13 +1,15 @@
 """A clip's verifier thumbnails, made off the request's path where they can be.
 
 The near-duplicate tier verifies a video on 64 px thumbnails of its sampled frames; a
-60-frame clip's thumbnails cost about as much as decoding it (~25 ms on two cores), and a
-first sight of a clip waited for all of them. A lookup needs only a few: the coarse order
-(:data:`COARSE_FRAMES` frames) and the probes; all of them only when a candidate passes its
-probes (a near-duplicate: then the whole clip is verified) or when the clip is recorded as
-canonical, after the engine answered. :class:`FrameThumbs` starts all of them on
-background threads as soon as the frames are decoded, the lookup's few first (the frames
-are let go when they are done).
+60-frame clip's thumbnails cost about as much as decoding it (~25 ms on two cores). A
+lookup needs only a few: the coarse order (:data:`COARSE_FRAMES` frames) and the probes; all
+of them only when a candidate passes its probes (a near-duplicate: then the whole clip is
+verified) or when the clip is recorded as canonical, after the engine answered.
+:class:`FrameThumbs` starts the lookup's few on a background thread as soon as the frames
+are decoded, and the rest when the whole is first asked for. Made at decode, the rest ran
+on threads of vLLM's API-server process while vLLM prepared the same request, and took
+the GIL from it: on an H200 a 60-frame miss was 1.11x plain with them and 0.98x without
+(``results/video.json``, ``qwen2vl7b-h200-handoff`` / ``-nothumbs``).
 
 The thumbnails are the same bytes either way: each frame's thumbnail depends on that
 frame alone (``tests/tiers/test_video_thumbs.py``).
@@ -54,10 +56,10 @@ def pool(name: str = "verify") -> ThreadPoolExecutor:
 class FrameThumbs:
     """``(T, 3, 64, 64)`` uint8 thumbnails of a clip's frames, whole or made as needed.
 
-    :meth:`ready` wraps thumbnails already made; :meth:`from_frames` starts making them in
-    the background, in chunks on the thumbnail threads, and holds the frames until then.
-    :meth:`take` gives some frames' (the first job's when it made them), :meth:`all` every
-    frame's (waiting for the background)."""
+    :meth:`ready` wraps thumbnails already made; :meth:`from_frames` starts a lookup's few
+    in the background and holds the frames until the whole is made. :meth:`take` gives
+    some frames' (the first job's when it made them), :meth:`start_rest` starts the rest
+    (in chunks on the thumbnail threads), :meth:`all` every frame's (waiting for them)."""
 
     def __init__(self, count: int, thumbs: np.ndarray | None = None,
                  frames: Any = None) -> None:
@@ -66,6 +68,7 @@ class FrameThumbs:
         self._frames = frames
         self._jobs: list[Future[np.ndarray]] = []
         self._parts: list[list[int]] = []  # the frames each job makes
+        self._rest: list[list[int]] = []  # parts not started yet
         self._lock = threading.Lock()
 
     @classmethod
@@ -74,19 +77,51 @@ class FrameThumbs:
 
     @classmethod
     def from_frames(cls, frames: Any) -> "FrameThumbs":
-        """Start the thumbnails of ``frames``: first the ones a lookup reads
-        (:func:`lookup_indices`), then the rest in chunks."""
+        """Start the thumbnails a lookup reads of ``frames`` (:func:`lookup_indices`); the
+        rest wait for :meth:`all`."""
         frames = np.asarray(frames)  # (T, H, W, 3): the jobs index it by frame lists
         out = cls(len(frames), frames=frames)
         first = lookup_indices(len(frames))
-        rest = [i for i in range(len(frames)) if i not in set(first)]
-        out._parts = [first] + [rest[a:b] for a, b in _chunks(len(rest))]
-        out._jobs = [pool("thumbs").submit(frame_thumbnails, frames[part])
-                     for part in out._parts if part]
-        out._parts = [part for part in out._parts if part]
-        for job in out._jobs:  # the last one to finish lets the frames go
-            job.add_done_callback(out._job_done)
+        chosen = set(first)
+        rest = [i for i in range(len(frames)) if i not in chosen]
+        out._rest = [part for part in (rest[a:b] for a, b in _chunks(len(rest))) if part]
+        if first:
+            out._submit(first)
         return out
+
+    def _submit(self, part: list[int]) -> None:
+        assert self._frames is not None
+        job = pool("thumbs").submit(frame_thumbnails, self._frames[part])
+        self._parts.append(part)
+        self._jobs.append(job)
+
+    def start_rest(self) -> None:
+        """Start the frames a lookup did not need, in the background (the request that
+        decoded the clip is done with the engine's preparation); the last job to finish
+        lets the frames go. Idempotent."""
+        with self._lock:
+            if self._thumbs is not None or not self._rest:
+                return
+            for part in self._rest:
+                self._submit(part)
+            self._rest = []
+            jobs = list(self._jobs)
+        for job in jobs:
+            job.add_done_callback(self._job_done)
+
+    def _job_done(self, _: "Future[np.ndarray]") -> None:
+        with self._lock:
+            if self._thumbs is not None or self._rest:
+                return
+            parts, jobs = list(self._parts), list(self._jobs)
+        if not all(job.done() for job in jobs) or \
+                any(job.exception() is not None for job in jobs):
+            return  # not the last, or one failed: all() makes them again
+        thumbs = self._assembled(parts, jobs)
+        with self._lock:
+            if self._thumbs is None:
+                self._thumbs, self._frames = thumbs, None
+                self._parts, self._jobs = [], []
 
     @property
     def shape(self) -> tuple[int, int, int, int]:
@@ -105,45 +140,41 @@ class FrameThumbs:
     def take(self, indices: Sequence[int]) -> np.ndarray:
         """The thumbnails of ``indices`` (``(len(indices), 3, 64, 64)``): from the first
         background job when it makes them all (a lookup's frames), else from the whole."""
-        if self._thumbs is None and self._parts and \
-                {int(i) for i in indices} <= set(self._parts[0]):
+        with self._lock:
+            first = (self._parts[0], self._jobs[0]) if self._thumbs is None and self._parts \
+                else None
+        if first is not None and {int(i) for i in indices} <= set(first[0]):
             try:
-                first = dict(zip(self._parts[0], self._jobs[0].result()))
-                return np.stack([first[int(i)] for i in indices])
+                made = dict(zip(first[0], first[1].result()))
+                return np.stack([made[int(i)] for i in indices])
             except Exception:  # noqa: BLE001 -- all() makes them again
                 logger.exception("video thumbnails: background job failed")
         return self.all()[list(indices)]
 
     def all(self) -> np.ndarray:
-        """Every frame's thumbnail (waits for the background jobs)."""
-        if self._thumbs is not None:
-            return self._thumbs
+        """Every frame's thumbnail (starts the rest and waits for them)."""
+        self.start_rest()
+        with self._lock:
+            if self._thumbs is not None:
+                return self._thumbs
+            parts, jobs, frames = list(self._parts), list(self._jobs), self._frames
         try:
-            thumbs = self._assembled()
+            thumbs = self._assembled(parts, jobs)
         except Exception:  # noqa: BLE001 -- a background failure: made again here
             logger.exception("video thumbnails: background job failed")
-            with self._lock:
-                frames = self._frames
             thumbs = frame_thumbnails(frames) if frames is not None else None
         with self._lock:
             if self._thumbs is None and thumbs is not None:
-                self._thumbs, self._frames = thumbs, None
+                self._thumbs, self._frames = thumbs, None  # the frames are let go
             assert self._thumbs is not None
+            self._parts, self._jobs = [], []
             return self._thumbs
 
-    def _job_done(self, _: "Future[np.ndarray]") -> None:
-        if not all(job.done() for job in self._jobs) or \
-                any(job.exception() is not None for job in self._jobs):
-            return  # not the last, or one failed: all() makes them again
-        thumbs = self._assembled()
-        with self._lock:
-            if self._thumbs is None:
-                self._thumbs, self._frames = thumbs, None
-
-    def _assembled(self) -> np.ndarray:
+    def _assembled(self, parts: list[list[int]], jobs: list["Future[np.ndarray]"]
+                   ) -> np.ndarray:
         """The jobs' thumbnails in frame order (raises what a job raised)."""
         out = np.empty(self.shape, np.uint8)
-        for part, job in zip(self._parts, self._jobs):
+        for part, job in zip(parts, jobs):
             out[part] = job.result()
         return out
 
