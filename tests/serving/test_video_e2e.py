@@ -178,3 +178,25 @@ def _on_a_corrupt_store(server, clip, answer) -> None:
     # the server stays up and caches afresh: the next ask takes vLLM's prefix cache
     _, r2 = ask(server, ffv1, QUESTION)
     assert r2["tokens_from_prefix_cache"] >= FRAMES * 64, r2
+
+
+def test_clips_asked_at_once_get_the_answers_they_get_one_at_a_time(video_model, tmp_path):
+    """Several clients at once (vLLM's default process layout): a clip's first asks racing
+    each other, its decode served to vLLM's loader under load, the thumbnails made after
+    each answer. Every answer is a 200 and the one the same request gets alone."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    server = _server(video_model, tmp_path, "concurrent")
+    try:
+        clips = [write_clip(None, synthetic_frames(40 + k, n=16), 4.0, "mp4v")
+                 for k in range(3)]
+        asks = [(clip, question) for clip in clips
+                for question in (QUESTION, FOLLOW_UP, "what colour is the background?")]
+        with ThreadPoolExecutor(6) as clients:
+            at_once = list(clients.map(
+                lambda a: ask(server, a[0], a[1], codec="mp4v")[0], asks * 2))
+        alone = [ask(server, clip, question, codec="mp4v")[0] for clip, question in asks]
+        assert at_once == alone * 2
+        assert _handoff(server).get("decoded", 0) == 0  # vLLM's loader never decoded again
+    finally:
+        server.stop()
