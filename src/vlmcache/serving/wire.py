@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import base64
 import json
+import math
 from typing import Any
 
 try:  # vLLM's own dependency: present wherever its server runs
@@ -58,7 +59,8 @@ def dump_json(value: Any) -> bytes:
 
 
 def load_json(raw: bytes) -> Any:
-    """``raw`` parsed as ``json.loads(raw, parse_constant=refuse_constant)`` would: ``orjson``
+    """``raw`` parsed as ``json.loads`` would, less what no JSON writer can say back (NaN,
+    the infinities, numbers past a double's range: :class:`ValueError`): ``orjson``
     where it takes the text (it refuses what the standard library also refuses, and more:
     integers past 64 bits, lone surrogates), the standard library for anything else, so
     the value and the error are the standard library's."""
@@ -67,9 +69,18 @@ def load_json(raw: bytes) -> Any:
             return _orjson.loads(raw)
         except ValueError:  # orjson.JSONDecodeError: the standard library decides
             pass
-    return json.loads(raw, parse_constant=refuse_constant)
+    return json.loads(raw, parse_constant=refuse_constant, parse_float=finite_float)
 
 
 def refuse_constant(name: str) -> Any:
     """``json.loads``' ``parse_constant``: NaN, Infinity and -Infinity are not JSON."""
     raise ValueError(f"{name} is not a JSON value")
+
+
+def finite_float(text: str) -> float:
+    """``json.loads``' ``parse_float``: a number past a double's range (``1e400``) would
+    become an infinity, which no JSON writer can say."""
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"{text} is past the range of a JSON number")
+    return value
