@@ -91,9 +91,11 @@ def test_a_canonicalized_request_aborts_the_engine_call_started_before_it(client
     """A miss's engine call starts while the cascade looks (``miss_overlap_max_inflight``):
     on a near-duplicate it is aborted inside vLLM, and only the canonical request finishes."""
     model = str(server.argv[4])
+    _idle(server.url)  # an earlier test's dropped call winding down holds an overlap slot
     before = _finished(server.url)
     first, r1 = ask(client, model, "what shape is in the image?", _url(images[2]),
                     tenant="overlap")
+    _idle(server.url)
     jpeg, r2 = ask(client, model, "what shape is in the image?", _url(images[2], "JPEG"),
                    tenant="overlap")
     assert (r1["miss_overlap"], r2["miss_overlap"]) == ("kept", "dropped")
@@ -104,9 +106,11 @@ def test_a_canonicalized_request_aborts_the_engine_call_started_before_it(client
 def test_a_streamed_canonicalized_request_gets_only_the_canonical_stream(client, server,
                                                                           images):
     model = str(server.argv[4])
+    _idle(server.url)
     before = _finished(server.url)
     first, _ = ask(client, model, "what shape is in the image?", _url(images[2]),
                    tenant="overlap-stream")
+    _idle(server.url)
     stream = client.chat.completions.create(
         model=model, temperature=0, max_tokens=4, stream=True,
         extra_body={"cache_salt": "overlap-stream"},
@@ -119,6 +123,26 @@ def test_a_streamed_canonicalized_request_gets_only_the_canonical_stream(client,
     assert (report["miss_overlap"], report["hit_tier"]) == ("dropped", "embedding:vision")
     assert text == first
     assert _finished(server.url) == before + 2
+
+
+def _idle(url: str, timeout_s: float = 60.0) -> None:
+    """Wait until vLLM runs and queues no request (a front counts an engine call in flight
+    until vLLM has let it go: ``miss_overlap_max_inflight``), and the front's bookkeeping
+    after it."""
+    import time
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        busy = sum(s.value for f in text_string_to_metric_families(
+            httpx.get(url + "/metrics").text) for s in f.samples
+            if s.name in ("vllm:num_requests_running", "vllm:num_requests_waiting"))
+        if busy == 0:
+            time.sleep(0.5)
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"vLLM still busy after {timeout_s} s")
 
 
 def _finished(url: str) -> float:
