@@ -17,30 +17,20 @@ import argparse
 import json
 import platform
 import shlex
-import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Sequence
 
 import torch
 
 from vlmcache.keys import image_uuid
 from vlmcache.store import DiskStore, MemoryStore, TieredStore
 from vlmcache.vllm.encoder_plan import TENSOR_NAME, EncoderPlanner
+from vlmcache_lab.phase_timing import median_ms
 
 #: (name, embeds, hidden): a LLaVA-1.5-7B image; a 60-frame 224 px clip on Qwen2-VL-7B
 SHAPES = (("llava7b-image", 576, 4096), ("qwen2vl7b-60-frame-clip", 4320, 3584))
-
-
-def _median_ms(fn: Callable[[], object], repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        started = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - started) * 1000)
-    return round(statistics.median(times), 3)
 
 
 def measure(root: Path, embeds: int, hidden: int, repeats: int) -> dict[str, float]:
@@ -57,8 +47,8 @@ def measure(root: Path, embeds: int, hidden: int, repeats: int) -> dict[str, flo
         assert store.get(key) is not None
         store.memory.delete(key)
 
-    old = _median_ms(old_answer, repeats)
-    new = _median_ms(lambda: planner.has(identifier), repeats)
+    old = median_ms(old_answer, repeats)
+    new = median_ms(lambda: planner.has(identifier), repeats)
     return {"mb": round(embeds * hidden * 2 / 1e6, 2), "read_and_verify_ms": old,
             "index_ms": new}
 

@@ -14,11 +14,12 @@ from __future__ import annotations
 import json
 import os
 import platform
-import statistics
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
+
+from vlmcache_lab.phase_timing import median_ms
 
 STEPS = ("parse_ms", "base64_ms", "write_ms")
 
@@ -33,16 +34,6 @@ def make_body(size: int) -> bytes:
         {"type": "text", "text": "what is moving in the video?"}]}]}).encode()
 
 
-def _best_ms(fn: Callable[[], Any], repeats: int) -> float:
-    """The median of ``repeats`` timings (this machine's other load only adds)."""
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - t0) * 1e3)
-    return round(statistics.median(times), 3)
-
-
 def measure(raw: bytes, repeats: int) -> dict[str, float]:
     """The three steps on one body, with the libraries ``wire`` has now."""
     from vlmcache.serving import wire
@@ -51,9 +42,9 @@ def measure(raw: bytes, repeats: int) -> dict[str, float]:
     body = load_body(raw)
     payload = body["messages"][0]["content"][0]["video_url"]["url"].partition(",")[2]
     body["messages"][0]["content"][0]["uuid"] = "0" * 64  # what the rewrite adds
-    out = {"parse_ms": _best_ms(lambda: load_body(raw), repeats),
-           "base64_ms": _best_ms(lambda: wire.b64decode(payload), repeats),
-           "write_ms": _best_ms(lambda: wire.dump_json(body), repeats)}
+    out = {"parse_ms": median_ms(lambda: load_body(raw), repeats),
+           "base64_ms": median_ms(lambda: wire.b64decode(payload), repeats),
+           "write_ms": median_ms(lambda: wire.dump_json(body), repeats)}
     out["total_ms"] = round(sum(out[k] for k in STEPS), 3)
     return out
 

@@ -9,11 +9,22 @@ import statistics
 import subprocess
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 PHASES = ("front_ms", "queue_ms", "engine_ms", "return_ms")
 #: vlmcache's own share of the front and return phases, where a benchmark measured it
 OURS = ("ours_front_ms", "ours_return_ms")
+
+
+def median_ms(fn: Callable[[], object], repeats: int) -> float:
+    """The median of ``repeats`` timings of ``fn()`` in ms (this machine's other load only
+    adds to a timing)."""
+    times = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - started) * 1000)
+    return round(statistics.median(times), 3)
 
 
 def phases(out: Any, start: float, end: float) -> dict[str, float]:

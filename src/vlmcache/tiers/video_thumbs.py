@@ -117,11 +117,15 @@ class FrameThumbs:
         if not all(job.done() for job in jobs) or \
                 any(job.exception() is not None for job in jobs):
             return  # not the last, or one failed: all() makes them again
-        thumbs = self._assembled(parts, jobs)
+        self._made(self._assembled(parts, jobs))
+
+    def _made(self, thumbs: np.ndarray) -> np.ndarray:
+        """The whole clip's thumbnails, kept (the first made wins); the frames let go."""
         with self._lock:
             if self._thumbs is None:
                 self._thumbs, self._frames = thumbs, None
                 self._parts, self._jobs = [], []
+            return self._thumbs
 
     @property
     def shape(self) -> tuple[int, int, int, int]:
@@ -162,13 +166,8 @@ class FrameThumbs:
             thumbs = self._assembled(parts, jobs)
         except Exception:  # noqa: BLE001 -- a background failure: made again here
             logger.exception("video thumbnails: background job failed")
-            thumbs = frame_thumbnails(frames) if frames is not None else None
-        with self._lock:
-            if self._thumbs is None and thumbs is not None:
-                self._thumbs, self._frames = thumbs, None  # the frames are let go
-            assert self._thumbs is not None
-            self._parts, self._jobs = [], []
-            return self._thumbs
+            thumbs = frame_thumbnails(frames)  # held until the thumbnails are made
+        return self._made(thumbs)
 
     def _assembled(self, parts: list[list[int]], jobs: list["Future[np.ndarray]"]
                    ) -> np.ndarray:

@@ -67,9 +67,9 @@ class ClipHandoff:
         self._lock = threading.Lock()
         self.kept = self.taken = self.expired = self.decoded = 0
 
-    def _event(self, outcome: str, n: int = 1) -> None:
-        setattr(self, outcome, getattr(self, outcome) + n)
-        if self._observe is not None and n:
+    def _event(self, outcome: str) -> None:
+        setattr(self, outcome, getattr(self, outcome) + 1)
+        if self._observe is not None:
             try:
                 self._observe(outcome)
             except Exception:  # a counter's fault is not the request's
