@@ -92,14 +92,18 @@ def test_summary_goodput_counts_only_requests_within_both_slos() -> None:
 
 
 def test_verdict_reads_best_goodput_and_lowest_rate_miss_ttft() -> None:
-    def side(good: float, miss: float) -> dict[str, float]:
-        return {"goodput_rps": good, "ttft_miss_p50_ms": miss}
+    def side(good: float, miss: float, share: float = 1.0) -> dict[str, float]:
+        return {"goodput_rps": good, "ttft_miss_p50_ms": miss, "slo_met_share": share}
 
     rates = [{"rate": 4, "ours": side(4, 52), "plain": side(4, 50)},
-             {"rate": 40, "ours": side(30, 80), "plain": side(12, 400)}]
+             {"rate": 20, "ours": side(19, 60), "plain": side(10, 90)},
+             {"rate": 40, "ours": side(30, 80, 0.75), "plain": side(12, 400, 0.3)}]
     v = verdict(rates)
     assert v["best_goodput_ratio"] == 2.5 and v["goodput_2x_met"]
     assert v["lowest_rate_ttft_miss_ratio"] == 1.04 and v["ttft_miss_1_05x_met"]
+    # 40 req/s left a quarter of ours' requests outside the SLO: not counted there
+    assert v["best_goodput_attained_rps"] == {"ours": 19, "plain": 10}
+    assert v["best_goodput_attained_ratio"] == 1.9
 
 
 async def _fake_sse(scope, receive, send) -> None:  # type: ignore[no-untyped-def]
@@ -230,6 +234,47 @@ def _args(tmp_path: Path, **over: object) -> object:
     for k, v in over.items():
         setattr(args, k, v)
     return args
+
+
+def test_the_oracle_answers_what_was_answered_before_and_sends_the_rest(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import asyncio
+
+    from vlmcache_lab import serve_gpu_load
+    from vlmcache_lab.serve_gpu_trace import ANSWERED_BEFORE
+
+    sent: list[tuple[list[str], list[float]]] = []
+
+    async def fake_run_phase(url, bodies, kinds, offsets, drain_s):  # type: ignore[no-untyped-def]
+        sent.append((list(kinds), list(offsets)))
+        rows = [{"i": k, "kind": kind, "status": 200, "ttft_ms": 80.0, "e2e_ms": 300.0,
+                 "tier": None, "tokens": 8} for k, kind in enumerate(kinds)]
+        rows[-1] = {**rows[-1], "status": -1, "ttft_ms": None}  # one failed
+        return rows, 2.5
+
+    monkeypatch.setattr(serve_gpu_load, "run_phase", fake_run_phase)
+    kinds = ["new", "repeat", "followup", "jpeg", "paraphrase", "flood", "frame"]
+    offsets = [0.0, 0.5, 1.0, 1.5, 2.0, 2.5, 3.0]
+    rows, wall = asyncio.run(serve_gpu_load.oracle_phase(
+        "http://x", [{"n": k} for k in range(7)], kinds, offsets, 5.0, ANSWERED_BEFORE))
+    assert sent == [(["new", "followup", "flood"], [0.0, 1.0, 2.5])]  # their own times
+    assert [r["i"] for r in rows] == list(range(7)) and wall == 3.0  # the last arrival
+    assert [r["tier"] for r in rows] == ["miss", "response", "miss", "response", "response",
+                                         None, "response"]
+    assert all(r["ttft_ms"] == 0.0 for r in rows if r["tier"] == "response")
+    s = summarize(rows, wall, Slo())
+    assert s["hits_by_tier"] == {"miss": 2, "response": 4} and s["errors"] == 1
+    assert miss_ids(rows) == {0, 2}  # plain's miss TTFT is taken on the same requests
+
+
+def test_oracle_layout_is_a_second_plain_server(tmp_path: Path) -> None:
+    from vlmcache_lab.serve_gpu_servers import make_servers
+
+    servers = make_servers(_args(tmp_path, ours_layout="oracle", paraphrase="off"), tmp_path)
+    ours, plain = servers["ours"].argv, servers["plain"].argv  # type: ignore[attr-defined]
+    assert "vllm.entrypoints.openai.api_server" in ours and "serve" not in ours
+    port = ours.index("--port") + 1
+    assert ours[:port] + ours[port + 1:] == plain[:port] + plain[port + 1:]
 
 
 def test_proxy_layout_puts_the_front_before_a_frontless_serve_and_keeps_plain(

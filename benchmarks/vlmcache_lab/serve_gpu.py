@@ -39,12 +39,13 @@ import numpy as np
 
 from vlmcache_lab.engine_metrics import phase_means, scrape
 from vlmcache_lab.gpu_busy import GpuBusy
-from vlmcache_lab.serve_gpu_load import Slo, miss_ids, run_phase, summarize, verdict
+from vlmcache_lab.serve_gpu_load import (Slo, miss_ids, oracle_phase, run_phase, summarize,
+                                         verdict)
 from vlmcache_lab.serve_gpu_servers import (LAYOUTS, Server, engine_url, gpus_and_cores,
                                             make_servers, ours_config, start_servers,
                                             stop_servers, text_embedder_path, vllm_flags)
-from vlmcache_lab.serve_gpu_trace import (build_trace, composition, parse_mix,
-                                          poisson_offsets)
+from vlmcache_lab.serve_gpu_trace import (ANSWERED_BEFORE, build_trace, composition,
+                                          parse_mix, poisson_offsets)
 
 log = logging.getLogger(__name__)
 STOP_S = 15.0  # to stop both servers and write the result
@@ -103,8 +104,12 @@ def _run_rate(args: Any, servers: dict[str, Server], rate: float, part: Sequence
         metrics_url = engine_url(servers[side])
         before = scrape(metrics_url)
         with GpuBusy() as gpu:  # the other server is idle meanwhile: this side's GPU time
-            rows[side] = asyncio.run(run_phase(servers[side].url, bodies, kinds, offsets,
-                                               args.drain_s))
+            if side == "ours" and args.ours_layout == "oracle":
+                phase = oracle_phase(servers[side].url, bodies, kinds, offsets, args.drain_s,
+                                     ANSWERED_BEFORE)
+            else:
+                phase = run_phase(servers[side].url, bodies, kinds, offsets, args.drain_s)
+            rows[side] = asyncio.run(phase)
         busy[side] = gpu.result()
         engine[side] = phase_means(before, scrape(metrics_url))
         time.sleep(args.pause_s)  # let the engine finish cancelled work
@@ -163,7 +168,9 @@ def parse_args(argv: Sequence[str] | None) -> Any:
     p.add_argument("--ours-layout", default="inprocess", choices=LAYOUTS,
                    help="inprocess: the front in vLLM's API server (`vlmcache serve`); proxy: "
                    "`vlmcache proxy` in its own process before `vlmcache serve "
-                   "--vlmcache-no-front`")
+                   "--vlmcache-no-front`; oracle: no vlmcache, plain vLLM sent only what "
+                   "no earlier request answered (the rest answered at once): any cache's "
+                   "ceiling on the trace")
     p.add_argument("--proxy-workers", type=int, default=1,
                    help="with --ours-layout proxy: its front processes (more than 1: a "
                    "loopback redis-server is started for them to share through)")
@@ -229,7 +236,7 @@ def run_shape(args: Any, argv: Sequence[str]) -> dict[str, Any]:
             "device": args.device or _device(args.ours_layout),
             "vllm_version": vllm.__version__,
             "vllm_flags": ["--enforce-eager", *vllm_flags(args)],
-            "ours_layout": args.ours_layout, "ours_config": ours_config(args),
+            "ours_layout": args.ours_layout, "ours_config": None if args.ours_layout == "oracle" else ours_config(args),
             "text_embedder": str(embedder) if embedder else None,
             "trace": {"seed": args.seed, "zipf_s": args.zipf, "mix": parse_mix(args.mix),
                       "composition": composition(trace), "generator":
@@ -244,6 +251,7 @@ def run_shape(args: Any, argv: Sequence[str]) -> dict[str, Any]:
 
 
 def _device(layout: str) -> str:
-    where = ("the front in its own process (vlmcache proxy)" if layout == "proxy"
-             else "the front in vLLM's API server")
+    where = {"proxy": "the front in its own process (vlmcache proxy)",
+             "oracle": "'ours' is the oracle: a second plain server behind a perfect cache"
+             }.get(layout, "the front in vLLM's API server")
     return f"{gpus_and_cores()}; both servers on one GPU, loopback HTTP; {where}"

