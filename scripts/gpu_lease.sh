@@ -7,6 +7,9 @@
 #   bash scripts/gpu_lease.sh replicas   # waits for the replicas bench
 # On a 1-GPU machine (2-GPU kinds withheld) the same runs go one after the other:
 #   bash scripts/gpu_lease.sh one-serve   # the serving load bench (both shapes), waits
+#   bash scripts/gpu_lease.sh serve-wait  # a later call: waits for it again, brings it back
+#     (SERVE_SHAPES jobs may carry @LABEL, with ARGS_LABEL exported: gpu_serve.sh; e.g.
+#     ARGS_oracle="--ours-layout oracle" SERVE_SHAPES="llava7b:12,56@oracle llava7b:12,56")
 #   bash scripts/gpu_lease.sh one-video   # waits for it, then the video bench, waits
 #   bash scripts/gpu_lease.sh video       # the video bench alone (no serving run before it)
 #   bash scripts/gpu_lease.sh one-front   # waits for video; front_capacity (FRONT_WORKERS)
@@ -74,6 +77,10 @@ case "${1:-}" in
     bash scripts/gpu_serve.sh wait "$wait_s"
     pack_logs serve
     ;;
+  serve-wait)  # a later call of a serving run that one-serve started: wait, bring back
+    bash scripts/gpu_serve.sh wait "$wait_s"
+    pack_logs serve
+    ;;
   one-video)
     started=$SECONDS
     bash scripts/gpu_serve.sh wait "$wait_s"
@@ -123,6 +130,7 @@ case "${1:-}" in
       pack_logs "diag-$name"
     done
     ;;
-  *) echo "usage: $0 tp2 | pair | replicas | one-serve | one-video | video | one-front | one-diag"
+  *) echo "usage: $0 tp2 | pair | replicas | one-serve | serve-wait | one-video | video |" \
+       "one-front | one-diag"
      exit 2 ;;
 esac

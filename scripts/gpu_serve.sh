@@ -5,6 +5,8 @@
 #   ARGS="--phase-s 10 --drain-s 8 --pause-s 2 --ours-layout proxy --budget-s 265" \
 #     bash scripts/gpu_serve.sh start "qwen2vl7b:6,10,14,18,24" "llava7b:24,36,48,60,72"
 #   bash scripts/gpu_serve.sh wait 550    # up to 550 s; per-shape results and logs -> $OUT
+#   ARGS_oracle="--ours-layout oracle" bash scripts/gpu_serve.sh start "llava7b:12,56@oracle" \
+#     "llava7b:12,56"    # a label's runs are named SHAPE-LABEL and get ARGS_LABEL too
 # Shapes run one after the other (each: both servers at once on the GPU, 0.4 of its memory
 # each); a shape's file is written when it finishes. ARGS: more serve_gpu.py arguments
 # (--budget-s: each shape's share of the call; see serve_gpu.py's docstring). The paraphrase tiers are on when the text
@@ -22,10 +24,14 @@ case "${1:-}" in
     nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader
     cmds=""
     for job in "$@"; do
-      shape=${job%%:*} rates=${job#*:}
+      # SHAPE:RATES, or SHAPE:RATES@LABEL: then named SHAPE-LABEL, with ARGS_LABEL's
+      # arguments after ARGS (one shape run several ways in one chain)
+      spec=${job%%@*} label=""; [ "$spec" != "$job" ] && label=${job#*@}
+      shape=${spec%%:*} rates=${spec#*:} name=${spec%%:*}${label:+-$label}
+      extra=""; [ -n "$label" ] && { v="ARGS_$label"; extra=${!v:-}; }
       cmds+="python benchmarks/serve_gpu.py --geometry benchmarks/geometries/$shape --rates $rates \
-        --work /root/serve-work-$shape --out /root/serve-out/serve-gpu-$shape.json ${ARGS:-} \
-        > /root/serve-out/log-$shape.txt 2>&1; echo \$? > /root/serve-out/rc-$shape; "
+        --work /root/serve-work-$name --out /root/serve-out/serve-gpu-$name.json ${ARGS:-} $extra \
+        > /root/serve-out/log-$name.txt 2>&1; echo \$? > /root/serve-out/rc-$name; "
     done
     for n in ${FRONT_WORKERS:-}; do
       cmds+="python benchmarks/front_capacity.py --model benchmarks/geometries/qwen2vl7b \

@@ -84,6 +84,8 @@ def test_summary_goodput_counts_only_requests_within_both_slos() -> None:
     assert s["answered"] == 4 and s["errors"] == 1
     assert s["throughput_rps"] == 2.0 and s["goodput_rps"] == 1.0
     assert s["hits_by_tier"] == {"miss": 3, "response": 1}
+    assert s["ttft_by_tier_ms"]["response"] == {"p50": 900.0, "p99": 900.0}
+    assert s["ttft_by_tier_ms"]["miss"]["p50"] == 200.0
     assert s["ttft_miss_p50_ms"] == 200.0  # rows 0, 2, 3
     plain = summarize([_row(0, 110, 600, None), _row(1, 300, 900, None)], 1.0, Slo(),
                       miss_ids=miss_ids(rows))
@@ -396,10 +398,35 @@ def test_engine_metrics_give_the_phases_means_from_vllms_histograms():
     assert before["vllm:time_to_first_token_seconds_count"] == 10
     after = parse_sums(text(3.0, 20, 0.7, 0.6, 20))
     assert phase_means(before, after) == {"ttft_mean_ms": 200.0, "queue_mean_ms": 20.0,
-                                          "prefill_mean_ms": 40.0, "requests": 10}
+                                          "prefill_mean_ms": 40.0, "requests": 10,
+                                          # ten more under 100 ms: the median halfway there
+                                          "ttft_p50_ms": 50.0, "queue_p50_ms": None,
+                                          "prefill_p50_ms": None}
     assert phase_means(before, None) is None
     none = phase_means(before, before)  # no engine request in the phase (all cached)
     assert none["requests"] == 0 and none["ttft_mean_ms"] is None
+
+
+def test_engine_median_is_not_moved_by_one_request_without_timestamps():
+    from vlmcache_lab.engine_metrics import parse_sums, phase_means
+
+    def text(counts: tuple[int, int, int], total: float) -> str:
+        metric = "vllm:request_prefill_time_seconds"
+        cumulative = [counts[0], counts[0] + counts[1], sum(counts)]
+        return "\n".join([
+            "# TYPE vllm:request_prefill_time_seconds histogram",
+            *(f'{metric}_bucket{{le="{le}",model_name="m"}} {c}'
+              for le, c in zip(("0.1", "0.3", "+Inf"), cumulative)),
+            f'{metric}_sum{{model_name="m"}} {total}',
+            f'{metric}_count{{model_name="m"}} {sum(counts)}'])
+
+    before = parse_sums(text((0, 0, 0), 0.0))
+    # 8 prefills of 0.1-0.3 s, 2 under 0.1 s and one whose scheduled time vLLM lost (its
+    # prefill "took" the engine's uptime, 950 s): the mean says 87 s, the median 0.19 s
+    after = parse_sums(text((2, 8, 1), 950.0 + 1.6))
+    means = phase_means(before, after)
+    assert means["prefill_mean_ms"] > 80_000
+    assert means["prefill_p50_ms"] == 187.5  # 5.5 of 11: 3.5 of the 8 in (0.1, 0.3]
 
 
 def test_engine_metrics_count_the_fronts_video_handoff_by_outcome():

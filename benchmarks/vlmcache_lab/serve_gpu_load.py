@@ -184,9 +184,11 @@ def summarize(rows: Sequence[dict[str, Any]], wall_s: float, slo: Slo,
         miss_rows = [r for r in ok if r["i"] in miss_ids]
     misses = [r["ttft_ms"] for r in miss_rows]
     hits: dict[str, int] = {}
+    by_tier: dict[str, list[float]] = {}
     for r in ok:
         tier = r["tier"] or "engine"
         hits[tier] = hits.get(tier, 0) + 1
+        by_tier.setdefault(tier, []).append(r["ttft_ms"])
     wall = max(wall_s, 1e-9)
     return {"requests": len(rows), "answered": len(ok), "errors": len(rows) - len(ok),
             "wall_s": round(wall_s, 2),
@@ -200,6 +202,9 @@ def summarize(rows: Sequence[dict[str, Any]], wall_s: float, slo: Slo,
             "output_tokens": sum(int(r.get("tokens") or 0) for r in ok),
             "prompt_tokens": token_summary(ok),
             "hits_by_tier": dict(sorted(hits.items())),
+            # a slow response-tier answer is the front's own queue, a slow miss may be either
+            "ttft_by_tier_ms": {t: {"p50": _pct(v, 50), "p99": _pct(v, 99)}
+                                for t, v in sorted(by_tier.items())},
             # every request whose engine call started before the cascade decided: kept as
             # its answer, or dropped (aborted) for a hit; misses' own in miss_overlap
             "overlaps": dict(sorted(Counter(str(r["overlap"]) for r in ok
