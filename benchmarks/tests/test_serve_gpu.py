@@ -33,6 +33,18 @@ def test_default_mix_has_every_kind_and_at_most_a_quarter_exact_repeats() -> Non
     assert len(flood) == len(set(flood))
 
 
+def test_a_long_trace_keeps_the_bound_and_a_shorter_one_is_unchanged() -> None:
+    import json
+
+    long = composition(build_trace(9000, seed=0))  # 26.2% before variants were redrawn
+    assert long["exact_repeat_share"] <= 0.25
+    assert long["kinds"]["repeat"] > 0.13 * 9000  # the drawn repeats stay
+    # the seventh session's LLaVA trace (serve-gpu.json) never reached the bound: the same
+    results = Path(__file__).parents[1] / "results" / "serve-gpu.json"
+    recorded = json.loads(results.read_text())["shapes"]["llava7b"]["trace_composition"]
+    assert composition(build_trace(recorded["requests"], seed=0)) == recorded
+
+
 def test_kinds_are_what_they_say() -> None:
     trace = build_trace(1500, seed=3)
     firsts = {(r.image.base, r.question): r for r in trace if r.kind in ("new", "followup")}

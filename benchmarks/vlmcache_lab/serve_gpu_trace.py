@@ -15,7 +15,9 @@ Known pairs and images are drawn zipf-like (older = more popular). Answers are s
 ``skip_special_tokens`` off so that dummy weights' random tokens stream as text). Images are
 synthetic scenes (gradient background, 2-5 shapes) rendered from the seed: nothing is
 downloaded. :func:`composition` counts what a trace really holds, exact repeats by
-signature (a paraphrase or JPEG drawn twice alike is an exact repeat too).
+signature (a paraphrase or JPEG drawn twice alike is an exact repeat too); once those would
+take a trace past 25% exact repeats (the issue's bound, reached by long traces), such a
+variant is drawn again, so a trace that never got there is the same as before the rule.
 """
 
 from __future__ import annotations
@@ -35,6 +37,12 @@ DEFAULT_MIX: dict[str, float] = {"repeat": 0.15, "jpeg": 0.12, "frame": 0.10,
                                  "paraphrase": 0.12, "followup": 0.16, "new": 0.15,
                                  "flood": 0.20}
 NEEDS_KNOWN = {"repeat", "jpeg", "frame", "paraphrase", "followup"}
+#: The issue's bound on exact repeats, which :func:`build_trace` keeps at any length, and
+#: how often it draws a variant again that would cross it.
+MAX_EXACT_REPEAT_SHARE = 0.25
+REDRAWS = 8
+#: Kinds that vary a known pair (a repeat is the pair itself).
+VARIANTS = ("jpeg", "frame", "paraphrase")
 #: Kinds whose answer an earlier request of the trace already holds (the same question on
 #: the same image, re-sent, re-encoded, moved a little or reworded): all a cache could ever
 #: answer without the model. The oracle arm (``--ours-layout oracle``) answers them at once.
@@ -203,7 +211,22 @@ def build_trace(n: int, seed: int = 0, mix: dict[str, float] | None = None,
     p = np.array([mix[k] for k in kinds], dtype=float)
     builder = _TraceBuilder(seed, zipf_s)
     draws = builder.rng.choice(len(kinds), size=n, p=p / p.sum())
-    return [builder.make(kinds[int(k)]) for k in draws]
+    trace: list[TraceRequest] = []
+    seen: set[tuple[object, ...]] = set()
+    repeats = 0
+    for k in draws:
+        req = builder.make(kinds[int(k)])
+        # a variant drawn alike twice is an exact repeat too: past the issue's bound, draw
+        # it again (a long trace reaches it: 25.5% by 7,000 requests before this rule)
+        for _ in range(REDRAWS):
+            if not (req.kind in VARIANTS and req.signature() in seen
+                    and repeats + 1 > MAX_EXACT_REPEAT_SHARE * (len(trace) + 1)):
+                break
+            req = builder.make(req.kind)
+        repeats += req.signature() in seen
+        seen.add(req.signature())
+        trace.append(req)
+    return trace
 
 
 def composition(trace: Sequence[TraceRequest]) -> dict[str, Any]:
