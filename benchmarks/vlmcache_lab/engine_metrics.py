@@ -60,7 +60,7 @@ def phase_means(before: dict[str, float] | None,
         n = after.get(metric + "_count", 0.0) - before.get(metric + "_count", 0.0)
         total = after.get(metric + "_sum", 0.0) - before.get(metric + "_sum", 0.0)
         out[f"{key}_mean_ms"] = round(total / n * 1000, 2) if n > 0 else None
-        out[f"{key}_p50_ms"] = _median_ms(metric, before, after, n)
+        out[f"{key}_p50_ms"] = _bucket_median_ms(metric, before, after, n)
     out["requests"] = int(after.get(HISTOGRAMS["ttft"] + "_count", 0.0)
                           - before.get(HISTOGRAMS["ttft"] + "_count", 0.0))
     for key, metric in COUNTERS.items():
@@ -72,7 +72,7 @@ def phase_means(before: dict[str, float] | None,
     return out
 
 
-def _median_ms(metric: str, before: dict[str, float], after: dict[str, float],
+def _bucket_median_ms(metric: str, before: dict[str, float], after: dict[str, float],
                n: float) -> float | None:
     """The phase's median from its bucket counts, interpolated linearly within the bucket
     that holds it (``None`` without requests or buckets, or in the open last bucket)."""

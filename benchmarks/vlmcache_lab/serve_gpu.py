@@ -236,7 +236,8 @@ def run_shape(args: Any, argv: Sequence[str]) -> dict[str, Any]:
             "device": args.device or _device(args.ours_layout),
             "vllm_version": vllm.__version__,
             "vllm_flags": ["--enforce-eager", *vllm_flags(args)],
-            "ours_layout": args.ours_layout, "ours_config": None if args.ours_layout == "oracle" else ours_config(args),
+            "ours_layout": args.ours_layout,
+            "ours_config": None if args.ours_layout == "oracle" else ours_config(args),
             "text_embedder": str(embedder) if embedder else None,
             "trace": {"seed": args.seed, "zipf_s": args.zipf, "mix": parse_mix(args.mix),
                       "composition": composition(trace), "generator":

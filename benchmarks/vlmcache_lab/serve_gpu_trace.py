@@ -46,7 +46,7 @@ VARIANTS = ("jpeg", "frame", "paraphrase")
 #: Kinds whose answer an earlier request of the trace already holds (the same question on
 #: the same image, re-sent, re-encoded, moved a little or reworded): all a cache could ever
 #: answer without the model. The oracle arm (``--ours-layout oracle``) answers them at once.
-ANSWERED_BEFORE = ("repeat", "jpeg", "frame", "paraphrase")
+ANSWERED_BEFORE = ("repeat", *VARIANTS)
 IMAGE_SIDE = 336
 # Paraphrases are a reworded question in one of these framings: enough distinct texts that
 # a popular pair's paraphrases seldom repeat one another byte for byte.
